@@ -1,0 +1,3 @@
+from remat.cli import main
+import sys
+sys.exit(main())

@@ -1,0 +1,279 @@
+"""``remat.checkpoint``: PyTorch's ``torch.utils.checkpoint.checkpoint`` for JAX and Flax.
+
+One normalisation step (:func:`normalize_options`: policy spelling -> JAX policy, PyTorch
+keywords -> their JAX meaning, bad combinations rejected once) and one dispatch
+(:func:`_run`: plain callable, Flax NNX module or method, Linen bound module or method,
+Linen class). The adapters in :mod:`remat._flax` never re-validate options.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, overload
+
+import jax
+
+from remat import _flax
+from remat._args import OutputStore, split_call
+from remat.policies import PolicySpec, policy_name, resolve_policy
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_DETERMINISM_CHECKS = ("default", "none")
+
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    """Validated options of one checkpointed region, in their JAX meaning."""
+
+    policy: Callable[..., Any] | None
+    policy_label: str
+    static_argnums: tuple[int, ...]
+    prevent_cse: bool
+    debug: bool
+
+
+def normalize_options(
+    *,
+    use_reentrant: bool | None = None,
+    preserve_rng_state: bool = True,
+    determinism_check: str = "default",
+    debug: bool = False,
+    early_stop: bool = True,
+    context_fn: Any = None,
+    policy: PolicySpec = None,
+    static_argnums: int | tuple[int, ...] = (),
+    prevent_cse: bool = True,
+) -> CheckpointOptions:
+    """Checks the keyword arguments of :func:`checkpoint` and maps them to JAX.
+
+    See :func:`checkpoint` for what each one means here. Raises ``TypeError`` or
+    ``ValueError`` with a one-line message naming the fix.
+    """
+    if context_fn is not None:
+        raise TypeError(
+            "context_fn has no meaning in JAX (there are no autograd contexts); choose what "
+            "to save with policy= instead, e.g. policy=remat.policies.selective([...])"
+        )
+    for name, value in (("preserve_rng_state", preserve_rng_state), ("debug", debug),
+                        ("early_stop", early_stop), ("prevent_cse", prevent_cse)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    if use_reentrant is not None and not isinstance(use_reentrant, bool):
+        raise TypeError(f"use_reentrant must be True, False or None, got {use_reentrant!r}")
+    if determinism_check not in _DETERMINISM_CHECKS:
+        raise ValueError(
+            f"determinism_check={determinism_check!r} is not supported; use one of "
+            f"{', '.join(map(repr, _DETERMINISM_CHECKS))}"
+        )
+    if isinstance(static_argnums, int):
+        static_argnums = (static_argnums,)
+    if not all(isinstance(i, int) and i >= 0 for i in static_argnums):
+        raise ValueError(f"static_argnums must be non-negative ints, got {static_argnums!r}")
+    resolved = resolve_policy(policy)
+    if use_reentrant and (resolved is not None or debug):
+        # The same rule as PyTorch's: context_fn (our policy=) and debug need the
+        # non-reentrant variant, so code that runs here also runs there.
+        raise ValueError(
+            "policy= and debug=True need use_reentrant=False, as context_fn and debug do in "
+            "torch.utils.checkpoint; drop use_reentrant=True"
+        )
+    return CheckpointOptions(
+        policy=resolved,
+        policy_label=policy_name(policy),
+        static_argnums=tuple(sorted(set(static_argnums))),
+        prevent_cse=prevent_cse,
+        debug=debug,
+    )
+
+
+@overload
+def checkpoint(function: F, /, **options: Any) -> F: ...
+@overload
+def checkpoint(function: None = None, /, **options: Any) -> Callable[[F], F]: ...
+@overload
+def checkpoint(function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any: ...
+
+
+def checkpoint(
+    function: Callable[..., Any] | None = None,
+    /,
+    *args: Any,
+    use_reentrant: bool | None = None,
+    preserve_rng_state: bool = True,
+    determinism_check: str = "default",
+    debug: bool = False,
+    early_stop: bool = True,
+    context_fn: Any = None,
+    policy: PolicySpec = None,
+    static_argnums: int | tuple[int, ...] = (),
+    prevent_cse: bool = True,
+    **kwargs: Any,
+) -> Any:
+    """Runs ``function`` so that its backward pass recomputes activations instead of keeping them.
+
+    Three uses, one function:
+
+    * **call form**, as in PyTorch: ``y = checkpoint(fn, *args, **kwargs)`` evaluates
+      ``fn(*args, **kwargs)``. Under ``jax.grad``/``jax.vjp``/``nnx.grad`` (jitted or
+      not) only the inputs are kept and everything inside is recomputed on the backward
+      pass; outside autodiff it is a plain call.
+    * **decorator**: ``@checkpoint``, ``checkpoint(fn)`` or ``@checkpoint(policy=...)``
+      return a function with the same signature. Because ``checkpoint(fn)`` with no
+      arguments returns the wrapped function, a zero-argument function runs as
+      ``checkpoint(fn)()``.
+    * **Flax**: ``checkpoint(self.fc2, x)`` inside an NNX ``__call__`` (a submodule or a
+      bound method such as ``self.block``), the same inside a Linen ``__call__`` with
+      submodules from ``setup()``, and ``checkpoint(nn.Dense)`` which returns a
+      rematerialized Linen class with the same parameter tree. Dropout and other RNG use
+      inside the region recompute exactly the same values.
+
+    Arguments that are not arrays (strings, ``None``, bools, callables, containers of
+    them) pass through untraced, so they may drive Python control flow; use
+    ``static_argnums`` for array-like values that must be static. Outputs may be any pytree.
+
+    Args:
+      function: the callable, NNX module/method, bound Linen module/method or Linen class.
+      *args: positional arguments for ``function`` (call form).
+      use_reentrant: accepted for PyTorch code. JAX has one checkpoint mechanism, a
+        functional transform of the computation, so ``True`` and ``False`` both give
+        exact gradients and both rematerialize; as in PyTorch, ``policy=`` and ``debug``
+        need ``False`` (or ``None``, the default).
+      preserve_rng_state: accepted for PyTorch code. JAX random keys are values, so the
+        recomputation always sees the same randomness (Flax RNG streams included);
+        ``False`` cannot make it differ.
+      determinism_check: ``"default"`` or ``"none"``. The recomputation replays the very
+        program traced for the forward pass, so its shapes and dtypes cannot differ and
+        there is nothing to check at run time.
+      debug: print, at trace time, what the backward pass keeps (and where it came
+        from) and how much is recomputed instead, compared with no checkpoint.
+      early_stop: accepted for PyTorch code; XLA removes recomputation the backward pass
+        does not need, which is what ``early_stop=True`` does in PyTorch.
+      context_fn: not supported (raises): use ``policy=``.
+      policy: what may be kept instead of recomputed (see :mod:`remat.policies`):
+        ``None``/``"nothing"`` (PyTorch's behaviour), ``"everything"``, ``"dots"``,
+        ``"dots_no_batch"``, a list of names given to :func:`remat.checkpoint_name`, or
+        any callable JAX policy.
+      static_argnums: positions of arguments to treat as compile-time constants.
+      prevent_cse: as in ``jax.checkpoint``; ``True`` stops XLA from merging the
+        recomputation with the forward pass (needed outside ``scan``).
+      **kwargs: keyword arguments for ``function`` (call form).
+
+    Returns:
+      The call form returns ``function(*args, **kwargs)``; the decorator forms return the
+      checkpointed function (or Linen class).
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from remat import checkpoint
+      >>> def my_computation(x, y):
+      ...     return jnp.sin(x) * y
+      >>> a, b = jnp.ones((3, 4)), jnp.full((3, 4), 2.0)
+      >>> grad_a = jax.grad(lambda a: checkpoint(my_computation, a, b).sum())(a)
+    """
+    opts = normalize_options(
+        use_reentrant=use_reentrant,
+        preserve_rng_state=preserve_rng_state,
+        determinism_check=determinism_check,
+        debug=debug,
+        early_stop=early_stop,
+        context_fn=context_fn,
+        policy=policy,
+        static_argnums=static_argnums,
+        prevent_cse=prevent_cse,
+    )
+    if function is None:
+        return lambda fn: _wrap(fn, opts)
+    if _flax.is_linen_class(function):
+        if args or kwargs:
+            raise TypeError(
+                f"checkpoint({function.__name__}, ...) got call arguments, but "
+                f"{function.__name__} is a Linen Module class: use "
+                f"checkpoint({function.__name__})(...) to build the rematerialized module"
+            )
+        return _flax.linen_remat_class(function, opts)
+    _check_callable(function)
+    if not args and not kwargs:
+        return _wrap(function, opts)
+    return _run(function, opts, args, kwargs)
+
+
+def _check_callable(function: Any) -> None:
+    if not callable(function):
+        hint = " (did you pass the input first? the function comes first)" if hasattr(function, "shape") else ""
+        raise TypeError(
+            "checkpoint() expects a function or module as its first argument, got "
+            f"{type(function).__name__}{hint}"
+        )
+
+
+def _wrap(function: Callable[..., Any], opts: CheckpointOptions) -> Callable[..., Any]:
+    """The decorator form: a function with ``function``'s signature that checkpoints each call."""
+    if _flax.is_linen_class(function):
+        return _flax.linen_remat_class(function, opts)
+    _check_callable(function)
+
+    @functools.wraps(function)
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        return _run(function, opts, args, kwargs)
+
+    return checkpointed
+
+
+def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwargs: dict) -> Any:
+    """Evaluates ``function(*args, **kwargs)`` as one checkpointed region."""
+    if opts.static_argnums and max(opts.static_argnums) >= len(args):
+        raise ValueError(
+            f"static_argnums={opts.static_argnums} names a position beyond the "
+            f"{len(args)} positional argument(s) given"
+        )
+    linen_module = _flax.linen_owner(function, args)
+    if linen_module is not None:
+        return _flax.linen_call(function, linen_module, opts, args, kwargs)
+
+    call = split_call(args, kwargs, opts.static_argnums)
+    store = OutputStore()
+    module = _flax.nnx_owner(function)
+    uses_nnx = module is not None or any(_flax.is_nnx_node(x) for x in call.dynamic)
+
+    def region(*dynamic: Any) -> Any:
+        if module is not None:
+            mod, *dynamic = dynamic
+            target = _flax.rebind_nnx(function, mod)
+        else:
+            target = function
+        a, k = call.rebuild(dynamic)
+        return store.pack(target(*a, **k))
+
+    inputs = ([module] if module is not None else []) + call.dynamic
+    if uses_nnx:
+        remat_region = _flax.nnx_remat(region, opts)
+    else:
+        remat_region = jax.checkpoint(region, policy=opts.policy, prevent_cse=opts.prevent_cse)
+    if opts.debug:
+        _print_debug_report(function, region, remat_region, inputs, opts)
+    return store.unpack(remat_region(*inputs))
+
+
+def _print_debug_report(function, region, remat_region, inputs, opts: CheckpointOptions) -> None:
+    """``debug=True``: what the backward pass keeps, and what is recomputed instead."""
+    from remat import memory  # the insight layer; imported only when asked for
+
+    name = getattr(function, "__qualname__", type(function).__name__)
+    try:
+        kept = memory.saved_residuals(remat_region, *inputs)
+        plain = memory.saved_residuals(region, *inputs)
+    except Exception as e:  # a report must never break the computation it describes
+        print(f"remat.checkpoint(debug=True) {name}: no report ({type(e).__name__}: {e})", file=sys.stderr)
+        return
+    recomputed = plain.residual_bytes - kept.residual_bytes
+    print(
+        f"remat.checkpoint(debug=True) {name}, policy={opts.policy_label}:\n"
+        f"  kept for the backward pass: {len(kept.entries)} value(s), {kept.total_bytes} bytes\n"
+        f"  without checkpoint it would keep: {len(plain.entries)} value(s), {plain.total_bytes} bytes\n"
+        f"  recomputed instead of kept: {max(recomputed, 0)} bytes\n"
+        + "\n".join("  " + line for line in str(kept).splitlines()),
+        file=sys.stderr,
+    )

@@ -1,0 +1,163 @@
+"""Flax adapters: NNX modules and methods through ``nnx.remat``, Linen through ``nn.checkpoint``.
+
+Options arrive validated (:class:`remat._checkpoint.CheckpointOptions`); nothing here
+re-checks them. The lifted transforms carry module state and RNG streams into the
+region, which is why Dropout recomputes the very same mask on the backward pass.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import flax.linen as nn
+from flax import nnx
+
+from remat._args import OutputStore, is_nnx_node, split_call
+
+if TYPE_CHECKING:
+    from remat._checkpoint import CheckpointOptions
+
+__all__ = ["is_nnx_node"]
+
+
+# --- NNX -------------------------------------------------------------------------------
+
+def nnx_owner(function: Any) -> nnx.Module | None:
+    """The NNX module that ``function`` is (a submodule) or belongs to (a bound method)."""
+    if isinstance(function, nnx.Module):
+        return function
+    owner = getattr(function, "__self__", None)
+    if isinstance(owner, nnx.Module) and inspect.ismethod(function):
+        return owner
+    return None
+
+
+def rebind_nnx(function: Any, module: nnx.Module) -> Callable[..., Any]:
+    """``function`` applied to ``module`` (the copy that ``nnx.remat`` hands the region)."""
+    if isinstance(function, nnx.Module):
+        return module
+    return function.__func__.__get__(module)
+
+
+def nnx_remat(region: Callable[..., Any], opts: CheckpointOptions) -> Callable[..., Any]:
+    return nnx.remat(region, policy=opts.policy, prevent_cse=opts.prevent_cse)
+
+
+# --- Linen -----------------------------------------------------------------------------
+
+def is_linen_class(obj: Any) -> bool:
+    return isinstance(obj, type) and issubclass(obj, nn.Module)
+
+
+def _linen_instance(function: Any) -> nn.Module | None:
+    if isinstance(function, nn.Module):
+        return function
+    owner = getattr(function, "__self__", None)
+    if isinstance(owner, nn.Module) and inspect.ismethod(function):
+        return owner
+    return None
+
+
+def linen_owner(function: Any, args: tuple) -> nn.Module | None:
+    """The Linen module to lift: ``function`` itself, its ``self``, or a module first argument."""
+    module = _linen_instance(function)
+    if module is None and args and isinstance(args[0], nn.Module):
+        module = args[0]
+    if module is None:
+        for a in args[1:]:
+            if isinstance(a, nn.Module):
+                raise TypeError(
+                    f"a Linen module ({type(a).__name__}) is passed as argument "
+                    f"{args.index(a)}; pass it first, or checkpoint the module itself: "
+                    "checkpoint(self.layer, x)"
+                )
+        return None
+    if module.scope is None and module.parent is None:
+        raise TypeError(
+            f"the Linen module {type(module).__name__} is not bound: call checkpoint inside "
+            f"the parent's __call__, or checkpoint the class: checkpoint({type(module).__name__})"
+        )
+    return module
+
+
+def linen_call(function: Any, module: nn.Module, opts: CheckpointOptions, args: tuple, kwargs: dict) -> Any:
+    """Runs ``function(*args, **kwargs)`` as a region lifted over ``module``'s scope."""
+    lifted_first_arg = _linen_instance(function) is None  # the module came as args[0]
+    call_args = args[1:] if lifted_first_arg else args
+    static = tuple(i - 1 for i in opts.static_argnums if i > 0) if lifted_first_arg else opts.static_argnums
+    call = split_call(call_args, kwargs, static)
+    store = OutputStore()
+
+    def region(mdl: nn.Module, *dynamic: Any) -> Any:
+        a, k = call.rebuild(dynamic)
+        if lifted_first_arg:
+            out = function(mdl, *a, **k)
+        elif isinstance(function, nn.Module):
+            out = mdl(*a, **k)
+        else:
+            out = function.__func__(mdl, *a, **k)  # the method, applied to the lifted copy
+        return store.pack(out)
+
+    lifted = nn.checkpoint(region, policy=opts.policy, prevent_cse=opts.prevent_cse)
+    return store.unpack(lifted(module, *call.dynamic))
+
+
+def linen_call_children(
+    parent: nn.Module, children: list[nn.Module], body: Callable[[list[nn.Module], Any], Any],
+    opts: CheckpointOptions, x: Any,
+) -> Any:
+    """Runs ``body(children, x)`` as one region lifted over the children's common parent.
+
+    Linen's lifted transforms take one module; a segment of ``checkpoint_sequential``
+    spans several siblings, so the region receives the parent and finds each child in
+    the parent's copy by the attribute that holds it.
+    """
+    paths = [_attribute_path(parent, c) for c in children]
+    store = OutputStore()
+
+    def region(mdl: nn.Module, *dynamic: Any) -> Any:
+        mine = [_follow(mdl, p) for p in paths]
+        return store.pack(body(mine, call.rebuild(dynamic)[0][0]))
+
+    call = split_call((x,), {}, ())
+    lifted = nn.checkpoint(region, policy=opts.policy, prevent_cse=opts.prevent_cse)
+    return store.unpack(lifted(parent, *call.dynamic))
+
+
+def _attribute_path(parent: nn.Module, child: nn.Module) -> tuple[str, int | None]:
+    for name, value in vars(parent).items():
+        if value is child:
+            return name, None
+        if isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                if v is child:
+                    return name, i
+    raise TypeError(
+        f"cannot checkpoint the Linen layer {type(child).__name__}: define the layers in the "
+        "parent's setup() (as an attribute or a list attribute), as nn.Sequential does"
+    )
+
+
+def _follow(module: nn.Module, path: tuple[str, int | None]) -> nn.Module:
+    name, index = path
+    value = getattr(module, name)
+    return value if index is None else value[index]
+
+
+def linen_remat_class(cls: type[nn.Module], opts: CheckpointOptions) -> type[nn.Module]:
+    """``checkpoint(nn.Dense)``: a subclass whose ``__call__`` is one checkpointed region.
+
+    Unlike ``nn.remat(cls)`` (whose class is named ``CheckpointDense``, so auto-named
+    parameters move from ``Dense_0`` to ``CheckpointDense_0``), the class keeps its name
+    and so the parameter tree is unchanged; non-array call arguments pass through untraced.
+    """
+    from remat._checkpoint import _run  # the one dispatch; imported late to avoid a cycle
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _run(cls.__call__.__get__(self), opts, args, kwargs)
+
+    # _run sees a bound method of a Linen module and lifts it over the module's scope,
+    # applying the original (un-overridden) __call__ to the lifted copy.
+    return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__})

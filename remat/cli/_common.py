@@ -1,0 +1,55 @@
+"""Shared conventions for every ``remat`` subcommand.
+
+Exit codes: 0 ok, 1 a check failed, 2 bad usage. A subcommand raises
+:class:`UsageError` for bad input (printed as one line, exit 2) and returns 1 when a
+check it ran failed. ``--json`` prints exactly one JSON object on stdout.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as ``remat: error: <message>``, exit code 2."""
+
+
+def print_json(obj: Any) -> None:
+    """Prints ``obj`` as one JSON object on stdout (NumPy scalars become numbers)."""
+
+    def default(o: Any) -> Any:
+        if hasattr(o, "item"):
+            return o.item()
+        if hasattr(o, "tolist"):
+            return o.tolist()
+        return str(o)
+
+    json.dump(obj, sys.stdout, default=default)
+    sys.stdout.write("\n")
+
+
+def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    """Prints a table for people: rich when installed, plain aligned text otherwise."""
+    cells = [[str(c) for c in row] for row in rows]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # rich is optional: fall back to aligned text.
+        widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(columns)]
+        print(title)
+        print("  ".join(h.ljust(w) for h, w in zip(columns, widths)))
+        print("  ".join("-" * w for w in widths))
+        for r in cells:
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+        return
+    table = Table(title=title)
+    for h in columns:
+        table.add_column(h)
+    for r in cells:
+        table.add_row(*r)
+    Console(width=max(100, sum(len(h) for h in columns) + 20)).print(table)
