@@ -6,25 +6,53 @@ The public surface::
     remat.checkpoint_sequential(functions, segments, input)
     remat.checkpoint_name(x, "name")                 # tag a value for name-based policies
     remat.policies                                   # named and composable policies
+
+Importing ``remat`` is cheap: it sets XLA's CPU flags (before any JAX backend starts;
+see :mod:`remat._xla_flags`) and loads the rest on first use, so ``remat --help`` does
+not pay for importing JAX and Flax.
 """
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from remat._xla_flags import configure_cpu_for_remat as _configure_cpu_for_remat
 
 # Must run before anything starts a JAX backend: XLA reads its flags once, at start-up.
 _configure_cpu_for_remat()
 
-from jax.ad_checkpoint import checkpoint_name  # noqa: E402
-
-from remat import policies  # noqa: E402
-from remat._checkpoint import checkpoint  # noqa: E402
-from remat.policies import CheckpointPolicy  # noqa: E402
-from remat.sequential import checkpoint_sequential  # noqa: E402
-
 __version__ = "0.1.0"
 
-__all__ = [
-    "CheckpointPolicy",
-    "checkpoint",
-    "checkpoint_name",
-    "checkpoint_sequential",
-    "policies",
-]
+# public name -> (module, attribute); attribute None means the module itself
+_EXPORTS: dict[str, tuple[str, str | None]] = {
+    "checkpoint": ("remat._checkpoint", "checkpoint"),
+    "checkpoint_sequential": ("remat.sequential", "checkpoint_sequential"),
+    "checkpoint_name": ("jax.ad_checkpoint", "checkpoint_name"),
+    "CheckpointPolicy": ("remat.policies", "CheckpointPolicy"),
+    "policies": ("remat.policies", None),
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from jax.ad_checkpoint import checkpoint_name
+
+    from remat import policies
+    from remat._checkpoint import checkpoint
+    from remat.policies import CheckpointPolicy
+    from remat.sequential import checkpoint_sequential
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module_name, attribute = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'remat' has no attribute {name!r}") from None
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -111,13 +111,15 @@ def linen_call_children(
 
     Linen's lifted transforms take one module; a segment of ``checkpoint_sequential``
     spans several siblings, so the region receives the parent and finds each child in
-    the parent's copy by the attribute that holds it.
+    the parent's copy by the attribute that holds it. ``children`` may also hold plain
+    callables (``nn.tanh``), which are called as they are.
     """
-    paths = [_attribute_path(parent, c) for c in children]
+    # Plain callables in the chunk (nn.tanh in an nn.Sequential) have no path: they stay as they are.
+    paths = [_attribute_path(parent, c) if isinstance(c, nn.Module) else None for c in children]
     store = OutputStore()
 
     def region(mdl: nn.Module, *dynamic: Any) -> Any:
-        mine = [_follow(mdl, p) for p in paths]
+        mine = [c if p is None else _follow(mdl, p) for c, p in zip(children, paths)]
         return store.pack(body(mine, call.rebuild(dynamic)[0][0]))
 
     call = split_call((x,), {}, ())

@@ -109,7 +109,8 @@ def _linen_parent(layers: list[Any]) -> nn.Module | None:
     if not linen:
         return None
     parents = {id(f.parent) for f in linen}
-    if len(linen) != len(layers) or len(parents) != 1 or linen[0].parent is None:
+    # Plain callables (nn.tanh, jnp.sin) may sit between the layers, as in nn.Sequential.
+    if len(parents) != 1 or not isinstance(linen[0].parent, nn.Module):
         raise TypeError(
             "checkpoint_sequential over Linen layers needs all of them to be submodules of one "
             "parent (an nn.Sequential or a list defined in setup())"

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
             name,
             help=module.HELP,
             description=module.HELP,
-            epilog=f"example:\n  {module.EXAMPLE}",
+            epilog=f"example:\n  {module.EXAMPLE}\n",
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         module.configure(p)

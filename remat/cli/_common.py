@@ -52,4 +52,6 @@ def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
         table.add_column(h)
     for r in cells:
         table.add_row(*r)
-    Console(width=max(100, sum(len(h) for h in columns) + 20)).print(table)
+    # Wide enough for every cell on one line: output is often piped or logged, not a tty.
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(columns)]
+    Console(width=max(80, sum(widths) + 3 * len(widths) + 4)).print(table)
