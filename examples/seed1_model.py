@@ -47,8 +47,8 @@ def run() -> dict:
         tmodel = _torch_model(torch)
         for name in ("fc1", "fc2"):  # torch Linear keeps (out, in); Flax keeps (in, out)
             layer, tlayer = getattr(model, name), getattr(tmodel, name)
-            layer.kernel.value = jnp.asarray(tlayer.weight.detach().numpy().T)
-            layer.bias.value = jnp.asarray(tlayer.bias.detach().numpy())
+            layer.kernel[...] = jnp.asarray(tlayer.weight.detach().numpy().T)
+            layer.bias[...] = jnp.asarray(tlayer.bias.detach().numpy())
 
     def loss(model, x):
         return model(x).sum()
@@ -64,9 +64,9 @@ def run() -> dict:
     y.sum().backward()
     diffs = [
         max_abs_diff(x_grad, x.grad.numpy()),
-        max_abs_diff(grads.fc1.kernel.value, tmodel.fc1.weight.grad.numpy().T),
-        max_abs_diff(grads.fc2.kernel.value, tmodel.fc2.weight.grad.numpy().T),
-        max_abs_diff(grads.fc2.bias.value, tmodel.fc2.bias.grad.numpy()),
+        max_abs_diff(grads.fc1.kernel[...], tmodel.fc1.weight.grad.numpy().T),
+        max_abs_diff(grads.fc2.kernel[...], tmodel.fc2.weight.grad.numpy().T),
+        max_abs_diff(grads.fc2.bias[...], tmodel.fc2.bias.grad.numpy()),
     ]
     torch_result = f"|dL/dx|={float(x.grad.norm()):.6f}"
     return result("seed1 Model (fc2 checkpointed)", jax_result, torch_result, diffs, 1e-5)

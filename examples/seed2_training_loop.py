@@ -87,8 +87,8 @@ def run(size: int = 1000, epochs: int = EPOCHS) -> dict:
         tmodel = _torch_model(torch, size)
         for name in ("linear1", "linear2"):  # torch Linear keeps (out, in); Flax (in, out)
             layer, tlayer = getattr(model, name), getattr(tmodel, name)
-            layer.kernel.value = jnp.asarray(tlayer.weight.detach().numpy().T)
-            layer.bias.value = jnp.asarray(tlayer.bias.detach().numpy())
+            layer.kernel[...] = jnp.asarray(tlayer.weight.detach().numpy().T)
+            layer.bias[...] = jnp.asarray(tlayer.bias.detach().numpy())
 
     losses = train_jax(model, jnp.asarray(input_np), jnp.asarray(target_np), epochs)
     for epoch, loss in enumerate(losses):

@@ -111,9 +111,14 @@ def jax_block(settings: RematSettings, index: int, fn: Callable[..., Any], *args
 
 def torch_block(settings: RematSettings, index: int, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)``, under ``torch.utils.checkpoint.checkpoint(use_reentrant=False)`` when
-    ``settings`` say so (imports torch: call only from a PyTorch twin)."""
+    ``settings`` say so (imports torch: call only from a PyTorch twin).
+
+    Through :func:`remat.crosscheck.torch_checkpoint`, which restores BatchNorm running
+    statistics after torch's recomputation: torch would otherwise update them twice per
+    step, where JAX (whose recomputation is pure) updates them once.
+    """
     if not settings.torch_checkpoints(index):
         return fn(*args)
-    import torch.utils.checkpoint
+    from remat.crosscheck import torch_checkpoint
 
-    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+    return torch_checkpoint(fn, *args)

@@ -185,6 +185,8 @@ def checkpoint(
         prevent_cse=prevent_cse,
     )
     if function is None:
+        if args or kwargs:  # checkpoint(None, x): a missing function, not the decorator form
+            _check_callable(function)
         return lambda fn: _wrap(fn, opts)
     if _flax.is_linen_class(function):
         if args or kwargs:
@@ -235,19 +237,17 @@ def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwa
 
     call = split_call(args, kwargs, opts.static_argnums)
     store = OutputStore()
-    module = _flax.nnx_owner(function)
-    uses_nnx = module is not None or any(_flax.is_nnx_node(x) for x in call.dynamic)
+    # The module, the method's owner, or the modules a closure captured: nnx.remat inputs.
+    bound = _flax.nnx_bound(function)
+    nodes, rebind = bound if bound is not None else ([], None)
+    uses_nnx = bool(nodes) or any(_flax.is_nnx_node(x) for x in call.dynamic)
 
     def region(*dynamic: Any) -> Any:
-        if module is not None:
-            mod, *dynamic = dynamic
-            target = _flax.rebind_nnx(function, mod)
-        else:
-            target = function
-        a, k = call.rebuild(dynamic)
+        target = rebind(dynamic[:len(nodes)]) if nodes else function
+        a, k = call.rebuild(dynamic[len(nodes):])
         return store.pack(target(*a, **k))
 
-    inputs = ([module] if module is not None else []) + call.dynamic
+    inputs = list(nodes) + call.dynamic
     if uses_nnx:
         remat_region = _flax.nnx_remat(region, opts)
     else:

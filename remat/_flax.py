@@ -7,7 +7,8 @@ region, which is why Dropout recomputes the very same mask on the backward pass.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import flax.linen as nn
@@ -40,6 +41,65 @@ def rebind_nnx(function: Any, module: nnx.Module) -> Callable[..., Any]:
     return function.__func__.__get__(module)
 
 
+def nnx_bound(function: Any) -> tuple[list[Any], Callable[[Sequence[Any]], Callable[..., Any]]] | None:
+    """The NNX graph nodes ``function`` carries, and how to rebind it to the region's copies.
+
+    ``function`` may be a module, a bound method, or a closure over modules (the
+    ``checkpoint(lambda h: self.fc2(self.fc1(h)), x)`` of a PyTorch port). The nodes must
+    go into ``nnx.remat`` as inputs, or state updates (BatchNorm statistics, RNG counts)
+    inside the region would cross trace levels. Returns ``None`` when there are none.
+    """
+    owner = nnx_owner(function)
+    if owner is not None:
+        return [owner], lambda nodes: rebind_nnx(function, nodes[0])
+    nodes, rebuild = captured(function, is_nnx_node)
+    return (nodes, rebuild) if nodes else None
+
+
+def captured(
+    fn: Any, wanted: Callable[[Any], bool], _depth: int = 0
+) -> tuple[list[Any], Callable[[Sequence[Any]], Callable[..., Any]] | None]:
+    """The ``wanted`` objects in ``fn``'s closure (also through inner closures), and a rebuild.
+
+    ``rebuild(values)`` returns a copy of ``fn`` whose closure holds ``values`` in their
+    place, so the region can run on the copies a lifted transform hands it.
+    """
+    if not isinstance(fn, types.FunctionType) or not fn.__closure__ or _depth > 4:
+        return [], None
+    found: list[Any] = []
+    parts: list[tuple[int, int, Callable[..., Any] | None] | None] = []
+    for cell in fn.__closure__:
+        try:
+            value = cell.cell_contents
+        except ValueError:  # a cell not yet assigned
+            parts.append(None)
+            continue
+        if wanted(value):
+            parts.append((len(found), 1, None))
+            found.append(value)
+            continue
+        inner, inner_rebuild = captured(value, wanted, _depth + 1)
+        parts.append((len(found), len(inner), inner_rebuild) if inner else None)
+        found.extend(inner)
+    if not found:
+        return [], None
+
+    def rebuild(values: Sequence[Any]) -> Callable[..., Any]:
+        cells = []
+        for cell, part in zip(fn.__closure__, parts):
+            if part is None:
+                cells.append(cell)
+                continue
+            start, n, inner_rebuild = part
+            new = values[start] if inner_rebuild is None else inner_rebuild(values[start:start + n])
+            cells.append(types.CellType(new))
+        copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, tuple(cells))
+        copy.__kwdefaults__ = fn.__kwdefaults__
+        return copy
+
+    return found, rebuild
+
+
 def nnx_remat(region: Callable[..., Any], opts: CheckpointOptions) -> Callable[..., Any]:
     return nnx.remat(region, policy=opts.policy, prevent_cse=opts.prevent_cse)
 
@@ -59,8 +119,13 @@ def _linen_instance(function: Any) -> nn.Module | None:
     return None
 
 
+def _is_linen_module(x: Any) -> bool:
+    return isinstance(x, nn.Module)
+
+
 def linen_owner(function: Any, args: tuple) -> nn.Module | None:
-    """The Linen module to lift: ``function`` itself, its ``self``, or a module first argument."""
+    """The Linen module to lift: ``function`` itself, its ``self``, a module first argument,
+    or the one module a closure captured (``checkpoint(lambda h: self.fc(h), x)``)."""
     module = _linen_instance(function)
     if module is None and args and isinstance(args[0], nn.Module):
         module = args[0]
@@ -72,7 +137,16 @@ def linen_owner(function: Any, args: tuple) -> nn.Module | None:
                     f"{args.index(a)}; pass it first, or checkpoint the module itself: "
                     "checkpoint(self.layer, x)"
                 )
-        return None
+        found, _ = captured(function, _is_linen_module)
+        if not found:
+            return None
+        if len({id(m) for m in found}) > 1:
+            raise TypeError(
+                "the checkpointed function captures several Linen modules ("
+                + ", ".join(sorted({type(m).__name__ for m in found}))
+                + "); capture only self (e.g. lambda h: self.fc2(self.fc1(h))), or pass the module first"
+            )
+        module = found[0]
     if module.scope is None and module.parent is None:
         raise TypeError(
             f"the Linen module {type(module).__name__} is not bound: call checkpoint inside "
@@ -83,7 +157,9 @@ def linen_owner(function: Any, args: tuple) -> nn.Module | None:
 
 def linen_call(function: Any, module: nn.Module, opts: CheckpointOptions, args: tuple, kwargs: dict) -> Any:
     """Runs ``function(*args, **kwargs)`` as a region lifted over ``module``'s scope."""
-    lifted_first_arg = _linen_instance(function) is None  # the module came as args[0]
+    # the module came as args[0] (else it is function itself, its self, or in its closure)
+    lifted_first_arg = _linen_instance(function) is None and bool(args) and args[0] is module
+    closure, rebuild = ([], None) if lifted_first_arg else captured(function, _is_linen_module)
     call_args = args[1:] if lifted_first_arg else args
     static = tuple(i - 1 for i in opts.static_argnums if i > 0) if lifted_first_arg else opts.static_argnums
     call = split_call(call_args, kwargs, static)
@@ -93,6 +169,8 @@ def linen_call(function: Any, module: nn.Module, opts: CheckpointOptions, args: 
         a, k = call.rebuild(dynamic)
         if lifted_first_arg:
             out = function(mdl, *a, **k)
+        elif closure:
+            out = rebuild([mdl] * len(closure))(*a, **k)  # the closure, on the lifted copy
         elif isinstance(function, nn.Module):
             out = mdl(*a, **k)
         else:

@@ -430,9 +430,9 @@ class RSSMeasurement:
     Attributes:
       step_peak_bytes: high-water mark of RSS while the timed steps ran.
       baseline_bytes: RSS just before them (JAX imported, inputs on the device, program
-        compiled and run once).
-      step_bytes: ``step_peak_bytes - baseline_bytes``: what one step needs on top of a
-        warm process. Compare this across policies.
+        compiled).
+      step_bytes: ``step_peak_bytes - baseline_bytes``: what running the step needs on
+        top of that (its temporaries and outputs). Compare this across policies.
       process_peak_bytes: the process's lifetime peak, compilation included.
       exact: False when the kernel did not let us reset the high-water mark, in which
         case ``step_peak_bytes`` may include compilation.
@@ -494,8 +494,8 @@ def _measure_here(step: Callable, args: tuple, kwargs: dict, repeat: int) -> RSS
     import gc
 
     compiled = jax.jit(step).lower(*args, **kwargs).compile()
-    jax.block_until_ready(compiled(*args, **kwargs))  # warm-up: first-run allocations
     gc.collect()
+    # Baseline: inputs on the device and the program compiled, nothing run yet.
     baseline = _current_rss()
     exact = _reset_peak()
     for _ in range(repeat):
@@ -521,12 +521,15 @@ def peak_rss_bytes(
 ) -> RSSMeasurement:
     """Measures the resident memory a step really uses, end to end.
 
-    The step is jitted, compiled and run once to warm up; then the kernel's RSS
-    high-water mark is reset (``/proc/self/clear_refs``) and the step runs ``repeat``
-    times. By default this happens in a fresh Python process: the caller's other
-    arrays, compilation caches and allocator history would otherwise blur the number,
-    and ``ru_maxrss`` deltas in a long-lived process can never go down. The child
-    inherits the environment, so ``XLA_FLAGS`` apply the same way.
+    The step is jitted and compiled; then the kernel's RSS high-water mark is reset
+    (``/proc/self/clear_refs``) and the step runs ``repeat`` times. By default this
+    happens in a fresh Python process, which is the honest choice: the caller's other
+    arrays, compilation caches and allocator history would blur the number,
+    ``ru_maxrss`` in a long-lived process never goes down, and only a new process lets
+    us set glibc's ``MALLOC_MMAP_THRESHOLD_`` so that freed buffers (compilation's,
+    or the previous step's) go back to the kernel instead of hiding the next step's
+    allocations in a retained heap. The child otherwise inherits the environment, so
+    ``XLA_FLAGS`` apply the same way.
 
     Args:
       step: the function to run (e.g. ``jax.grad(loss)``). With ``isolate=True`` it
@@ -562,6 +565,8 @@ def peak_rss_bytes(
     # The child must import the caller's modules the same way: give it our sys.path.
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    # Large buffers via mmap, returned to the kernel on free: RSS then tracks live bytes.
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
     proc = subprocess.run(
         [sys.executable, "-c", code], input=payload, capture_output=True, timeout=timeout, env=env
     )

@@ -1,6 +1,7 @@
 """``checkpoint_sequential``: PyTorch's function, with PyTorch's exact segmentation."""
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -9,6 +10,10 @@ from flax import nnx
 
 from remat import _flax
 from remat._checkpoint import _run, normalize_options
+
+
+# The options of remat.checkpoint that checkpoint_sequential passes on (not static_argnums).
+_OPTION_NAMES = frozenset(inspect.signature(normalize_options).parameters) - {"use_reentrant", "static_argnums"}
 
 
 def segment_bounds(num_functions: int, segments: int) -> list[tuple[int, int]]:
@@ -82,6 +87,17 @@ def checkpoint_sequential(
     for i, f in enumerate(layers):
         if not callable(f):
             raise TypeError(f"checkpoint_sequential: functions[{i}] is not callable ({type(f).__name__})")
+    if "static_argnums" in kwargs:
+        raise TypeError(
+            "checkpoint_sequential does not take static_argnums: each function gets one input, "
+            "which must be traced; close over static values instead (functools.partial)"
+        )
+    unknown = sorted(set(kwargs) - _OPTION_NAMES)
+    if unknown:
+        raise TypeError(
+            f"checkpoint_sequential got unexpected keyword argument(s) {', '.join(unknown)}; "
+            f"it accepts {', '.join(sorted(_OPTION_NAMES))}"
+        )
     opts = normalize_options(use_reentrant=use_reentrant, **kwargs)
 
     def run(chunk: list[Callable[..., Any]], x: Any) -> Any:

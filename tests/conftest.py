@@ -1,0 +1,96 @@
+"""Shared helpers for the core's tests: residual counting, jaxpr inspection, tree comparison.
+
+Import them in a test module with ``from conftest import ...`` (pytest puts ``tests/`` on
+``sys.path`` for a rootless ``conftest.py``).
+"""
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+from jax._src.ad_checkpoint import saved_residuals
+
+import remat  # noqa: F401  (configures XLA's CPU flags before any backend starts)
+
+REMAT_PRIMITIVES = ("checkpoint", "remat", "remat2")
+REMAT_DIR = os.path.dirname(os.path.abspath(remat.__file__))
+
+
+def residuals(f: Callable[..., Any], *args: Any) -> list[tuple[Any, str]]:
+    """``(aval, description)`` for every value the backward pass of ``f(*args)`` keeps."""
+    return saved_residuals(f, *args)
+
+
+def num_residuals(f: Callable[..., Any], *args: Any) -> int:
+    return len(residuals(f, *args))
+
+
+def residual_bytes(f: Callable[..., Any], *args: Any) -> int:
+    return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a, _ in residuals(f, *args))
+
+
+def nonarg_residuals(f: Callable[..., Any], *args: Any) -> list[tuple[Any, str]]:
+    """The residuals that are not simply the function's own arguments (or literals, constants)."""
+    return [
+        (a, d) for a, d in residuals(f, *args)
+        if not d.startswith("from the argument") and d not in ("from a literal", "from a constant")
+    ]
+
+
+def _subjaxprs(params: dict) -> list[Any]:
+    out = []
+    for v in params.values():
+        vs = v if isinstance(v, (list, tuple)) else [v]
+        for j in vs:
+            if isinstance(j, jax.extend.core.ClosedJaxpr):
+                out.append(j.jaxpr)
+            elif isinstance(j, jax.extend.core.Jaxpr):
+                out.append(j)
+    return out
+
+
+def count_remat_eqns(jaxpr: Any) -> int:
+    """Number of checkpoint/remat equations in ``jaxpr`` and every jaxpr nested in it."""
+    if isinstance(jaxpr, jax.extend.core.ClosedJaxpr):
+        jaxpr = jaxpr.jaxpr
+    n = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in REMAT_PRIMITIVES:
+            n += 1
+        for sub in _subjaxprs(eqn.params):
+            n += count_remat_eqns(sub)
+    return n
+
+
+def remat_count(f: Callable[..., Any], *args: Any) -> int:
+    """Checkpoint equations in the jaxpr of ``f(*args)``."""
+    return count_remat_eqns(jax.make_jaxpr(f)(*args))
+
+
+def assert_trees_close(a: Any, b: Any, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    la, ta = jax.tree.flatten(a)
+    lb, tb = jax.tree.flatten(b)
+    assert ta == tb, f"tree structures differ:\n{ta}\n{tb}"
+    assert la, "empty trees compare trivially; compare something"
+    for x, y in zip(la, lb):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+def assert_clean_error(excinfo: pytest.ExceptionInfo, *fragments: str) -> None:
+    """The error is one line, names the fix (``fragments``) and is raised from remat code."""
+    msg = str(excinfo.value)
+    assert "\n" not in msg, f"multi-line error message: {msg!r}"
+    for frag in fragments:
+        assert frag in msg, f"{frag!r} not in {msg!r}"
+    frames = traceback.extract_tb(excinfo.tb)
+    assert frames[-1].filename.startswith(REMAT_DIR), (
+        f"raised from {frames[-1].filename}, not from remat"
+    )
+    assert not any("/jax/" in f.filename for f in frames), "raised after JAX started tracing"
+    # exactly TypeError/ValueError: JAX's own errors (ConcretizationTypeError, ...) subclass them
+    assert type(excinfo.value) in (TypeError, ValueError), type(excinfo.value)
