@@ -265,15 +265,15 @@ def _print_debug_report(function, region, remat_region, inputs, opts: Checkpoint
     try:
         kept = memory.saved_residuals(remat_region, *inputs)
         plain = memory.saved_residuals(region, *inputs)
+        recomputed = plain.residual_bytes - kept.residual_bytes
+        report = (
+            f"remat.checkpoint(debug=True) {name}, policy={opts.policy_label}:\n"
+            f"  kept for the backward pass: {len(kept)} value(s), {kept.total_bytes} bytes\n"
+            f"  without checkpoint it would keep: {len(plain)} value(s), {plain.total_bytes} bytes\n"
+            f"  recomputed instead of kept: {max(recomputed, 0)} bytes\n"
+            + "\n".join("  " + line for line in str(kept).splitlines())
+        )
     except Exception as e:  # a report must never break the computation it describes
         print(f"remat.checkpoint(debug=True) {name}: no report ({type(e).__name__}: {e})", file=sys.stderr)
         return
-    recomputed = plain.residual_bytes - kept.residual_bytes
-    print(
-        f"remat.checkpoint(debug=True) {name}, policy={opts.policy_label}:\n"
-        f"  kept for the backward pass: {len(kept.entries)} value(s), {kept.total_bytes} bytes\n"
-        f"  without checkpoint it would keep: {len(plain.entries)} value(s), {plain.total_bytes} bytes\n"
-        f"  recomputed instead of kept: {max(recomputed, 0)} bytes\n"
-        + "\n".join("  " + line for line in str(kept).splitlines()),
-        file=sys.stderr,
-    )
+    print(report, file=sys.stderr)

@@ -172,14 +172,16 @@ class ResidualReport:
         return json.dumps(self.to_dict(), **kwargs)
 
     def __str__(self) -> str:
-        rows = [("shape", "dtype", "bytes", "name", "source")]
+        rows = [("shape", "dtype", "bytes", "from", "name", "source")]
         for r in self.residuals:
             shape = "[" + ",".join(map(str, r.shape)) + "]"
-            rows.append((shape, r.dtype, format_bytes(r.nbytes), r.name or "", r.source))
-        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+            op = "argument" if r.is_argument else (r.primitive or r.kind)
+            src = r.argument if r.is_argument else r.source
+            rows.append((shape, r.dtype, format_bytes(r.nbytes), op, r.name or "", src or ""))
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
         lines = [f"Residuals of {self.function}: {len(self.residuals)} values"]
         for k, row in enumerate(rows):
-            lines.append("  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4])
+            lines.append("  ".join(c.ljust(w) for c, w in zip(row[:5], widths)) + "  " + row[5])
             if k == 0:
                 lines.append("  ".join("-" * w for w in widths) + "  ------")
         lines.append(
@@ -298,13 +300,9 @@ def _saved_residuals_structured(fn: Callable, args: tuple, kwargs: dict) -> list
             where = source_info_util.summarize(eqn.source_info) if frame else "unknown"
             prim = eqn.primitive.name
             name = tag(eqn)
-            if name is not None:
-                kind, src = "named", f"{where} '{name}'"
-            elif prim in ("jit", "pjit"):
-                prim = f"jit:{eqn.params.get('name', '?')}"
-                kind, src = "output", f"{where} (inside jitted {eqn.params.get('name', '?')})"
-            else:
-                kind, src = "output", f"{where} {prim}"
+            if prim in ("jit", "pjit"):  # produced inside a nested jit: name the function
+                prim = f"jit({eqn.params.get('name', '?')})"
+            kind, src = ("named" if name is not None else "output"), where
             out.append(
                 Residual(
                     *_aval_fields(v.aval), kind=kind, source=src, name=name, primitive=prim,

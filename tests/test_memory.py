@@ -1,0 +1,247 @@
+"""remat.memory: residual reports, compiled buffer sizes, measured RSS, policy tables."""
+from __future__ import annotations
+
+import inspect
+import json
+import operator
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.ad_checkpoint import checkpoint_name
+
+from remat.memory import (
+    CompiledMemory,
+    ResidualReport,
+    compare_policies,
+    compiled_memory,
+    format_bytes,
+    peak_rss_bytes,
+    saved_residuals,
+    with_policy,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _line_of(fn, text: str) -> int:
+    src, start = inspect.getsourcelines(fn)
+    return start + next(i for i, line in enumerate(src) if text in line)
+
+
+def tagged(w, x):
+    h = checkpoint_name(jnp.sin(x @ w), "hidden")
+    g = jnp.cos(h @ w)
+    return jnp.sum(g * g)
+
+
+W = jnp.ones((16, 16), jnp.float32)
+X = jnp.ones((4, 16), jnp.float32)
+
+
+def test_residuals_as_data():
+    r = saved_residuals(tagged, W, X)
+    assert isinstance(r, ResidualReport)
+    kinds = [(e.kind, e.name, e.primitive) for e in r]
+    # w and x, then cos(x@w... )'s operands: the named sin output, sin for the backward
+    # of h@w, the cos result used by g*g, and g itself.
+    assert kinds[:2] == [("argument", None, None), ("argument", None, None)]
+    assert [e.argument for e in r if e.is_argument] == ["w", "x"]
+    named = [e for e in r if e.name == "hidden"]
+    assert len(named) == 1
+    assert named[0].shape == (4, 16) and named[0].dtype == "float32" and named[0].nbytes == 4 * 16 * 4
+    assert named[0].line == _line_of(tagged, "checkpoint_name(")
+    assert named[0].function == "tagged" and named[0].file.endswith("test_memory.py")
+    assert all(e.nbytes == int(np.prod(e.shape)) * 4 for e in r)
+    assert r.argument_bytes == W.nbytes + X.nbytes
+    assert r.total_bytes == sum(e.nbytes for e in r)
+    assert r.residual_bytes == r.total_bytes - r.argument_bytes > 0
+    assert r.named() == {"hidden": 256}
+
+
+def test_residuals_match_jax_print_saved_residuals():
+    from jax._src.ad_checkpoint import saved_residuals as jax_saved
+
+    ours = saved_residuals(tagged, W, X)
+    theirs = jax_saved(tagged, W, X)
+    assert [e.shape for e in ours] == [tuple(a.shape) for a, _ in theirs]
+
+
+def test_checkpoint_keeps_only_inputs_and_named_values():
+    everything_recomputed = saved_residuals(jax.checkpoint(tagged), W, X)
+    assert [e.kind for e in everything_recomputed] == ["argument", "argument"]
+    assert everything_recomputed.residual_bytes == 0
+    policy = jax.checkpoint_policies.save_only_these_names("hidden")
+    only_named = saved_residuals(jax.checkpoint(tagged, policy=policy), W, X)
+    assert [(e.kind, e.name) for e in only_named if not e.is_argument] == [("named", "hidden")]
+    assert only_named.residual_bytes == 256
+
+
+def test_pytree_output_and_pytree_args():
+    def f(params, x):
+        h = jnp.tanh(x @ params["w"])
+        return {"y": h * 2.0, "aux": (jnp.sum(h),)}
+
+    r = saved_residuals(f, {"w": W}, X)
+    assert [e.argument for e in r if e.is_argument] == ["params['w']"] or r.argument_bytes == 0
+    assert any(e.primitive == "tanh" or e.primitive == "sub" for e in r)
+
+
+def test_report_serialises_and_prints():
+    r = saved_residuals(tagged, W, X)
+    d = json.loads(r.to_json())
+    assert d["count"] == len(r) and d["residual_bytes"] == r.residual_bytes
+    assert d["residuals"][0]["shape"] == [16, 16]
+    text = str(r)
+    assert "hidden" in text and "argument" in text and "total" in text
+    assert format_bytes(r.total_bytes) in text
+
+
+def test_saved_residuals_rejects_non_callable():
+    with pytest.raises(TypeError, match="needs a function"):
+        saved_residuals(3, W)
+
+
+def test_compiled_memory_fields():
+    m = compiled_memory(tagged, W, X)
+    assert isinstance(m, CompiledMemory)
+    assert m.argument_bytes == W.nbytes + X.nbytes
+    assert m.output_bytes == W.nbytes  # grad wrt argnums=0
+    assert m.peak_bytes >= m.temp_bytes
+    both = compiled_memory(tagged, W, X, argnums=(0, 1))
+    assert both.output_bytes == W.nbytes + X.nbytes
+    fwd = compiled_memory(lambda w, x: x @ w, W, X, grad=False)
+    assert fwd.output_bytes == X.nbytes
+    assert set(json.loads(m.to_json())) == {
+        "temp_bytes", "argument_bytes", "output_bytes", "alias_bytes", "generated_code_bytes", "peak_bytes"}
+
+
+def test_compiled_memory_accepts_shape_dtype_structs():
+    spec = jax.ShapeDtypeStruct((16, 16), jnp.float32)
+    assert compiled_memory(tagged, spec, jax.ShapeDtypeStruct((4, 16), jnp.float32)).argument_bytes == 1280
+
+
+def test_with_policy():
+    f = lambda w, x: jnp.sum(jnp.tanh(x @ w))  # noqa: E731
+    assert with_policy(f, "none") is f
+    r = saved_residuals(with_policy(f, "nothing"), W, X)
+    assert r.residual_bytes == 0
+    r = saved_residuals(with_policy(f, "dots"), W, X)
+    assert [e.primitive for e in r if not e.is_argument] == ["dot_general"]
+
+
+def test_peak_rss_in_a_fresh_process():
+    a = np.ones((2048, 2048), np.float32)  # 16 MiB per operand and per output
+    m = peak_rss_bytes(operator.matmul, a, a, repeat=2)
+    assert m.exact
+    assert m.baseline_bytes > 0 and m.step_peak_bytes >= m.baseline_bytes
+    # The output (16 MiB) must show up; a sane step needs far less than 1 GiB extra.
+    assert 12 * 2**20 <= m.step_bytes < 2**30, m
+
+
+def test_peak_rss_explains_unpicklable_steps():
+    with pytest.raises(TypeError, match="isolate=False"):
+        peak_rss_bytes(lambda x: x * 2, np.ones(4))
+
+
+def test_peak_rss_in_process():
+    m = peak_rss_bytes(lambda x: x * 2, np.ones((256, 256), np.float32), isolate=False)
+    assert m.step_peak_bytes >= m.baseline_bytes > 0
+
+
+def test_importing_memory_is_light():
+    code = "import sys, remat.memory; print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def _mlp_factory(policy):
+    # A factory: policy -> loss. Pre-LN MLP blocks, unrolled.
+    blk = with_policy(_pre_ln_block, policy)
+
+    def loss(ps, x):
+        for p in ps:
+            x = blk(p, x)
+        return jnp.sum(x ** 2)
+
+    return loss
+
+
+def _pre_ln_block(p, x):
+    h = x - x.mean(-1, keepdims=True)
+    h = h / jnp.sqrt((h * h).mean(-1, keepdims=True) + 1e-5)
+    return x + jax.nn.gelu(h @ p["w1"]) @ p["w2"]
+
+
+def _mlp_params(depth, d=32, hidden=64):
+    keys = jax.random.split(jax.random.PRNGKey(0), 2 * depth)
+    return [{"w1": jax.random.normal(keys[2 * i], (d, hidden)) * 0.1,
+             "w2": jax.random.normal(keys[2 * i + 1], (hidden, d)) * 0.1} for i in range(depth)]
+
+
+def test_compare_policies_factory_and_keyword_forms(tmp_path):
+    ps, x = _mlp_params(2), jnp.ones((8, 32))
+    table = compare_policies(_mlp_factory, ps, x, policies=("none", "nothing", "dots"), steps=5)
+    assert [r.policy for r in table] == ["none", "nothing", "dots"]
+    assert all(len(r.step_times_s) == 5 and r.step_time_s > 0 for r in table)
+    # Residuals are exact: checkpointing keeps only block inputs (which for block 0 is x).
+    assert table["nothing"].residual_bytes < table["dots"].residual_bytes < table["none"].residual_bytes
+    assert table["nothing"].residual_bytes == 8 * 32 * 4  # block 1's input; block 0's is x
+
+    def loss_with_kwarg(ps, x, *, policy="none"):
+        return _mlp_factory(policy)(ps, x)
+
+    again = compare_policies(loss_with_kwarg, ps, x, policies=("none", "nothing"), steps=5)
+    assert again["nothing"].residual_bytes == table["nothing"].residual_bytes
+
+    d = json.loads(table.to_json())
+    assert [r["policy"] for r in d["results"]] == ["none", "nothing", "dots"]
+    assert "vs none" in str(table) and "1.00x" in str(table)
+    png = table.plot(tmp_path / "policies.png")
+    assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(KeyError, match="no policy"):
+        table["everything"]
+
+
+def test_compare_policies_rejects_bad_input():
+    with pytest.raises(ValueError, match="steps"):
+        compare_policies(_mlp_factory, _mlp_params(1), jnp.ones((2, 32)), steps=0)
+    with pytest.raises(ValueError, match="policies is empty"):
+        compare_policies(_mlp_factory, _mlp_params(1), jnp.ones((2, 32)), policies=())
+    with pytest.raises(TypeError, match="factory"):
+        compare_policies(lambda policy: 3, _mlp_params(1), jnp.ones((2, 32)))
+
+
+def test_compiled_bytes_order_nothing_dots_none_after_import_remat():
+    # In a fresh process so that `import remat` is guaranteed to configure XLA:CPU
+    # before any backend starts (another test module may already have started it here).
+    code = textwrap.dedent("""
+        import json
+        import remat
+        import jax, jax.numpy as jnp
+        from remat.memory import compare_policies
+        from tests.test_memory import _mlp_factory, _mlp_params
+        t = compare_policies(_mlp_factory, _mlp_params(4, d=128, hidden=512), jnp.ones((256, 128)),
+                             policies=("none", "nothing", "dots", "everything"), steps=5, warmup=1)
+        print(t.to_json())
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "REMAT_KEEP_XLA_FLAGS")}
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    d = {r["policy"]: r for r in json.loads(out.stdout.strip().splitlines()[-1])["results"]}
+    temp = {k: v["temp_bytes"] for k, v in d.items()}
+    assert temp["nothing"] < temp["dots"] < temp["none"], temp
+    assert temp["nothing"] < 0.5 * temp["none"], temp
+    assert temp["everything"] >= 0.9 * temp["none"], temp  # saving everything = no checkpoint
+    res = {k: v["residual_bytes"] for k, v in d.items()}
+    assert res["nothing"] < res["dots"] < res["none"] <= res["everything"], res
