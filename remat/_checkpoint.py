@@ -7,6 +7,8 @@ Linen class). The adapters in :mod:`remat._flax` never re-validate options.
 """
 from __future__ import annotations
 
+import contextvars
+import dataclasses
 import functools
 import sys
 from collections.abc import Callable
@@ -17,6 +19,7 @@ import jax
 
 from remat import _flax
 from remat._args import OutputStore, split_call
+from remat.budget import Budget
 from remat.policies import PolicySpec, policy_name, resolve_policy
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -224,8 +227,19 @@ def _wrap(function: Callable[..., Any], opts: CheckpointOptions) -> Callable[...
     return checkpointed
 
 
+# A planner (remat.plan) re-decides every region of a step while it is traced: it sets a
+# function ``opts -> opts`` (or ``-> None``: run the region without checkpoint) here.
+_REGION_OVERRIDE: contextvars.ContextVar[Callable[[CheckpointOptions], CheckpointOptions | None] | None] = \
+    contextvars.ContextVar("remat_region_override", default=None)
+
+
 def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwargs: dict) -> Any:
     """Evaluates ``function(*args, **kwargs)`` as one checkpointed region."""
+    override = _REGION_OVERRIDE.get()
+    if override is not None:
+        opts = override(opts)
+        if opts is None:
+            return function(*args, **kwargs)
     if opts.static_argnums and max(opts.static_argnums) >= len(args):
         raise ValueError(
             f"static_argnums={opts.static_argnums} names a position beyond the "
@@ -233,6 +247,11 @@ def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwa
         )
     linen_module = _flax.linen_owner(function, args)
     if linen_module is not None:
+        if isinstance(opts.policy, Budget):
+            raise TypeError(
+                "policy=budget(...) works for JAX functions and Flax NNX modules; for a Linen "
+                "module pick a named policy (remat plan shows which one fits your budget)"
+            )
         return _flax.linen_call(function, linen_module, opts, args, kwargs)
 
     call = split_call(args, kwargs, opts.static_argnums)
@@ -248,10 +267,16 @@ def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwa
         return store.pack(target(*a, **k))
 
     inputs = list(nodes) + call.dynamic
-    if uses_nnx:
-        remat_region = _flax.nnx_remat(region, opts)
-    else:
-        remat_region = jax.checkpoint(region, policy=opts.policy, prevent_cse=opts.prevent_cse)
+
+    def remat_with(policy: Any) -> Callable[..., Any]:
+        if uses_nnx:
+            return _flax.nnx_remat(region, dataclasses.replace(opts, policy=policy))
+        return jax.checkpoint(region, policy=policy, prevent_cse=opts.prevent_cse)
+
+    policy = opts.policy
+    if isinstance(policy, Budget):  # a budget chooses per region, from the traced inputs
+        policy = policy.choose(remat_with, inputs).policy
+    remat_region = remat_with(policy)
     if opts.debug:
         _print_debug_report(function, region, remat_region, inputs, opts)
     return store.unpack(remat_region(*inputs))

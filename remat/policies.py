@@ -40,6 +40,7 @@ from typing import Any, Union
 import jax
 from jax import checkpoint_policies as _jcp
 from jax.ad_checkpoint import Recompute
+from jax._src.ad_checkpoint import name_p as _name_p
 
 Policy = Callable[..., Any]
 PolicySpec = Union[None, str, Sequence[str], Policy]
@@ -122,10 +123,23 @@ def save_names(*names: str) -> Policy:
 def save_all_but(*names: str) -> Policy:
     """Keeps every intermediate except the values tagged with one of ``names``.
 
-    Useful when one large tensor (say an attention score matrix) should be recomputed and
-    everything else kept.
+    The tagged values themselves are not kept; note that :func:`remat.checkpoint_name` is
+    an identity, so the output of the operation that produced a tagged value is still
+    kept (every untagged value is) and the tagged value is recomputed from it. To really
+    drop a large tensor, use :func:`save_names` for what should stay instead.
+
+    (``jax.checkpoint_policies.save_anything_except_these_names`` is not used: by
+    JAX 0.10 at the latest it ignores its names and saves everything.)
     """
-    return _jcp.save_anything_except_these_names(*_names(names, "save_all_but"))
+    excluded = frozenset(_names(names, "save_all_but"))
+
+    def policy(prim, *_, **params):
+        if prim is _name_p:
+            return params["name"] not in excluded
+        return True
+
+    policy.__name__ = "save_all_but(" + ",".join(sorted(excluded)) + ")"
+    return policy
 
 
 def offload_names(
@@ -293,3 +307,10 @@ __all__ = [
     "save_names",
     "selective",
 ]
+
+
+# The memory-budget policy lives with its knapsack and cost model; it is a policy like
+# the others, so it is reachable here too.
+from remat.budget import Budget, budget  # noqa: E402
+
+__all__ += ["Budget", "budget"]

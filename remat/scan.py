@@ -243,7 +243,7 @@ def stack_nnx_layers(make_layer: Callable[[Any], Any], depth: int, rngs: Any) ->
     Example:
       >>> from flax import nnx
       >>> layers = stack_nnx_layers(lambda r: nnx.Linear(8, 8, rngs=r), 4, nnx.Rngs(0))
-      >>> layers.kernel.value.shape
+      >>> layers.kernel[...].shape
       (4, 8, 8)
     """
     from flax import nnx

@@ -78,6 +78,8 @@ def assert_trees_close(a: Any, b: Any, rtol: float = 1e-5, atol: float = 1e-6) -
     assert ta == tb, f"tree structures differ:\n{ta}\n{tb}"
     assert la, "empty trees compare trivially; compare something"
     for x, y in zip(la, lb):
+        if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
+            x, y = jax.random.key_data(x), jax.random.key_data(y)
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
 
 

@@ -359,6 +359,7 @@ def test_debug_prints_a_report(capsys):
     err = capsys.readouterr().err
     assert "remat.checkpoint(debug=True)" in err
     assert "block" in err
+    assert "no report" not in err, err
 
 
 # --- bad input --------------------------------------------------------------------------------

@@ -1,0 +1,674 @@
+"""The measurements: one (model, depth) at a time, every variant of both frameworks.
+
+For one model and depth, :func:`measure_model` builds the model of :mod:`models` (the
+NNX model and its PyTorch twin, with identical weights), prepares every JAX variant
+(compiled ``jax.jit(jax.grad(loss))``) and every PyTorch variant, and then measures:
+
+``saved_bytes``
+    What the backward pass keeps, **parameters excluded**, model inputs and targets
+    included, in both frameworks:
+
+    * JAX: the residuals of the loss of the parameters (inputs closed over), listed by
+      :func:`remat.memory.saved_residuals`; from its ``total_bytes`` we subtract the
+      residuals that are parameters or computed from parameters alone (e.g. the
+      reshape of stacked parameters that the nested scan keeps), found by a dependency
+      pass over the same jaxpr. The total with parameters is kept as
+      ``residual_total_bytes``, the parameter part as ``saved_param_bytes``.
+    * PyTorch: the tensors packed by ``torch.autograd.graph.saved_tensors_hooks``
+      during the forward pass (this includes the inputs that ``torch.utils.checkpoint``
+      saves for its recomputation, which go through the same hooks), deduplicated by
+      storage (``untyped_storage().data_ptr()``, counting each storage's size once);
+      storages of parameters are counted apart, as ``saved_param_bytes``.
+
+    Parameters are excluded because the frameworks keep them differently without it
+    costing memory: a JAX checkpoint region takes the block's parameters as inputs (so
+    they are residuals), a PyTorch checkpoint closes over the module (so they are not);
+    either way they live in the model anyway.
+
+``temp_bytes``
+    JAX only: ``memory_analysis().temp_size_in_bytes`` of the compiled
+    ``jax.jit(jax.grad(loss))`` (XLA's buffer assignment). None for PyTorch.
+
+``peak_rss_bytes``
+    The *increase* of the process's peak resident memory during one training step:
+    the kernel's high-water mark is reset (``/proc/self/clear_refs``) right before the
+    step and read right after; the baseline is the RSS just before it (models,
+    parameters, inputs and compiled programs resident, previous outputs freed). The
+    runner starts each (model, depth) in a fresh process with
+    ``MALLOC_MMAP_THRESHOLD_=131072`` so that freed buffers go back to the kernel and the
+    high-water mark tracks live bytes. When the high-water mark cannot be reset, the
+    step's RSS is sampled in a thread instead (``rss_method`` says which).
+
+``step_ms``
+    Median over ``steps`` timed training steps (loss + gradient w.r.t. all parameters;
+    JAX: the compiled program, ``block_until_ready``; PyTorch: forward + ``backward()``
+    with the gradients reset to None first), after one warm-up step. All variants of
+    both frameworks are timed in interleaved rounds (one step of each per round, the
+    order rotating), so that load from other processes hits them alike.
+"""
+from __future__ import annotations
+
+import remat  # first: sets XLA_FLAGS before any JAX backend starts (see remat._xla_flags)
+
+import argparse
+import dataclasses
+import functools
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+JAX_VARIANTS: tuple[str, ...] = (
+    "none", "nothing", "dots", "dots_no_batch", "names", "scan", "scan_nested", "sequential",
+)
+TORCH_VARIANTS: tuple[str, ...] = ("none", "nothing", "sequential")
+MODELS: tuple[str, ...] = ("mlp", "transformer")
+ROW_KEYS: tuple[str, ...] = (
+    "framework", "model", "depth", "variant", "saved_bytes", "temp_bytes", "peak_rss_bytes",
+    "step_ms", "overhead",
+)
+
+#: What the ``names`` variant saves, per model (a list of ``remat.checkpoint_name`` tags).
+NAMES_POLICY: dict[str, tuple[str, ...]] = {
+    # the attention output of every block (the issue's choice)
+    "transformer": ("attn_out",),
+    # the MLP's only tag: each block's pre-activation, i.e. its matmul output, so that only
+    # the activation function is recomputed (close to "dots" for this model)
+    "mlp": ("mlp_hidden",),
+}
+
+_POLICY: dict[str, Any] = {"nothing": "nothing", "dots": "dots", "dots_no_batch": "dots_no_batch"}
+
+
+# --------------------------------------------------------------------------------------
+# Sizes
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """Model sizes (config fields other than depth) and the depths to run."""
+
+    name: str
+    depths: tuple[int, ...]
+    transformer: dict[str, Any]
+    mlp: dict[str, Any]
+    steps: int = 5
+    probe_depth: int | None = None  # depth of the XLA-flag probe (default: the largest)
+
+    def model_kwargs(self, model: str) -> dict[str, Any]:
+        return dict(getattr(self, model))
+
+
+SIZES: dict[str, Sizes] = {
+    "tiny": Sizes(
+        "tiny", (2, 4),
+        transformer=dict(vocab=32, width=32, heads=2, seq_len=16, batch=2),
+        mlp=dict(in_dim=32, width=64, out_dim=8, batch=16, activation="relu"),
+        steps=5,
+    ),
+    "quick": Sizes(
+        "quick", (4, 8, 16),
+        transformer=dict(vocab=256, width=256, heads=4, seq_len=128, batch=8),
+        mlp=dict(in_dim=512, width=512, out_dim=16, batch=256, activation="relu"),
+        steps=5,
+    ),
+    "full": Sizes(
+        "full", (4, 8, 16, 32),
+        transformer=dict(vocab=256, width=256, heads=4, seq_len=256, batch=8),
+        mlp=dict(in_dim=1024, width=1024, out_dim=16, batch=256, activation="relu"),
+        steps=7,
+    ),
+}
+
+
+def segments_for(depth: int) -> int:
+    """``round(sqrt(depth))``: the segments of the ``sequential`` variants (at least 1)."""
+    return max(1, round(math.sqrt(depth)))
+
+
+# --------------------------------------------------------------------------------------
+# Memory helpers (Linux /proc; graceful elsewhere)
+# --------------------------------------------------------------------------------------
+
+
+def _status_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def current_rss() -> int:
+    rss = _status_bytes("VmRSS")
+    if rss is not None:
+        return rss
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def _reset_hwm() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return _status_bytes("VmHWM") is not None
+
+
+class _Sampler:
+    """Fallback when VmHWM cannot be reset: samples RSS every ~0.5 ms in a thread."""
+
+    def __init__(self) -> None:
+        self.peak = current_rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, current_rss())
+            time.sleep(0.0005)
+
+    def __enter__(self) -> _Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, current_rss())
+
+
+def step_peak_rss(step: Callable[[], Any]) -> tuple[int, str]:
+    """(increase of peak RSS during one call of ``step``, method)."""
+    gc.collect()
+    baseline = current_rss()
+    if _reset_hwm():
+        step()
+        peak = _status_bytes("VmHWM") or baseline
+        return max(0, peak - baseline), "vmhwm_reset"
+    with _Sampler() as s:
+        step()
+    return max(0, s.peak - baseline), "sampled"
+
+
+# --------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------
+
+
+def _model_module(model: str) -> Any:
+    from models import mlp, transformer
+
+    return {"mlp": mlp, "transformer": transformer}[model]
+
+
+def model_config(model: str, depth: int, sizes: Sizes) -> Any:
+    from models import RematSettings
+
+    mod = _model_module(model)
+    cls = mod.TransformerConfig if model == "transformer" else mod.MLPConfig
+    # The twin's own forward is not used (the benchmark applies checkpointing itself).
+    return cls(depth=depth, remat=RematSettings.none(), **sizes.model_kwargs(model))
+
+
+@dataclasses.dataclass
+class Built:
+    model: str
+    depth: int
+    config: Any
+    jax_model: Any
+    torch_model: Any
+    inputs: np.ndarray
+    targets: np.ndarray
+
+
+def build(model: str, depth: int, sizes: Sizes, seed: int = 0) -> Built:
+    """Both frameworks' models with identical weights, one batch and its targets."""
+    mod = _model_module(model)
+    config = model_config(model, depth, sizes)
+    jm, tm, inputs = mod.build(config, seed)
+    targets = mod.example_targets(config, seed)
+    return Built(model, depth, config, jm, tm, np.asarray(inputs[0]), np.asarray(targets))
+
+
+_OUTER = {"transformer": ("wte", "wpe", "ln_f", "head"), "mlp": ("inp", "head")}
+
+
+def _jax_act(name: str) -> Callable:
+    import jax
+
+    return {"relu": jax.nn.relu, "tanh": jax.numpy.tanh,
+            "gelu": functools.partial(jax.nn.gelu, approximate=False)}[name]
+
+
+# --------------------------------------------------------------------------------------
+# JAX
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class JaxProgram:
+    """One JAX variant: the loss, its parameters and the compiled gradient step."""
+
+    variant: str
+    loss: Callable
+    params: Any
+    x: Any
+    y: Any
+    compiled: Any
+    compile_s: float
+
+    def step(self) -> Any:
+        import jax
+
+        return jax.block_until_ready(self.compiled(self.params, self.x, self.y))
+
+
+def _cross_entropy(logits: Any, y: Any) -> Any:
+    import jax
+    import jax.numpy as jnp
+
+    logits = logits.reshape(-1, logits.shape[-1])
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, y.reshape(-1, 1), axis=1))
+
+
+def jax_loss(built: Built, variant: str) -> tuple[Callable, Any]:
+    """``(loss(params, x, y), params)`` for ``variant``; ``params`` is what is differentiated.
+
+    ``params = {"outer": {name: state}, "blocks": [state, ...]}``; for the scan variants
+    ``"blocks"`` holds one state whose leaves are stacked along a leading layer axis, as
+    a scanned model stores them.
+    """
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from remat.scan import scan_layers
+
+    if variant not in JAX_VARIANTS:
+        raise ValueError(f"unknown JAX variant {variant!r}; use one of {', '.join(JAX_VARIANTS)}")
+    jm, model, depth = built.jax_model, built.model, built.depth
+    outer_gd, outer_params = {}, {}
+    for name in _OUTER[model]:
+        outer_gd[name], outer_params[name] = nnx.split(getattr(jm, name))
+    splits = [nnx.split(b) for b in jm.blocks]
+    block_gd = splits[0][0]
+    block_states = [s for _, s in splits]
+    scanned = variant in ("scan", "scan_nested")
+    blocks = jax.tree.map(lambda *a: jnp.stack(a), *block_states) if scanned else block_states
+    params = {"outer": outer_params, "blocks": blocks}
+    act = _jax_act(getattr(built.config, "activation", "relu"))
+
+    def prologue(outer: dict, x: Any) -> Any:
+        if model == "transformer":
+            return outer["wte"](x) + outer["wpe"](jnp.arange(x.shape[1]))
+        return act(outer["inp"](x))
+
+    def epilogue(outer: dict, h: Any) -> Any:
+        if model == "transformer":
+            return outer["head"](outer["ln_f"](h))
+        return outer["head"](h)
+
+    def apply_block(p: Any, h: Any) -> Any:
+        return nnx.merge(block_gd, p)(h)
+
+    def run_blocks(blocks: Any, h: Any) -> Any:
+        if variant == "scan":
+            return scan_layers(apply_block, blocks, h, policy="nothing")
+        if variant == "scan_nested":
+            return scan_layers(apply_block, blocks, h, policy="nothing", nested=True)
+        modules = [nnx.merge(block_gd, p) for p in blocks]
+        if variant == "none":
+            for m in modules:
+                h = m(h)
+            return h
+        if variant == "sequential":
+            return remat.checkpoint_sequential(modules, segments_for(depth), h)
+        policy = list(NAMES_POLICY[model]) if variant == "names" else _POLICY[variant]
+        for m in modules:
+            h = remat.checkpoint(m, h, policy=policy)
+        return h
+
+    def loss(params: Any, x: Any, y: Any) -> Any:
+        outer = {n: nnx.merge(outer_gd[n], params["outer"][n]) for n in _OUTER[model]}
+        return _cross_entropy(epilogue(outer, run_blocks(params["blocks"], prologue(outer, x))), y)
+
+    return loss, params
+
+
+def jax_inputs(built: Built) -> tuple[Any, Any]:
+    import jax.numpy as jnp
+
+    x = built.inputs
+    x = x.astype(np.int32) if np.issubdtype(x.dtype, np.integer) else x.astype(np.float32)
+    return jnp.asarray(x), jnp.asarray(built.targets.astype(np.int32))
+
+
+def jax_program(built: Built, variant: str) -> JaxProgram:
+    import jax
+
+    loss, params = jax_loss(built, variant)
+    x, y = jax_inputs(built)
+    t0 = time.perf_counter()
+    compiled = jax.jit(jax.grad(loss)).lower(params, x, y).compile()
+    return JaxProgram(variant, loss, params, x, y, compiled, time.perf_counter() - t0)
+
+
+def _param_derived_vars(jaxpr: Any) -> set:
+    """Variables of ``jaxpr`` computed from its inputs (the parameters) alone."""
+    from jax._src import core
+
+    derived = set(jaxpr.invars)
+    for eqn in jaxpr.eqns:
+        ins = [v for v in eqn.invars if not isinstance(v, core.Literal)]
+        if ins and all(v in derived for v in ins):
+            derived.update(eqn.outvars)
+    return derived
+
+
+def _nbytes(aval: Any) -> int:
+    dtype = np.dtype(aval.dtype)
+    return int(math.prod(aval.shape)) * int(getattr(dtype, "itemsize", 0) or 0)
+
+
+def jax_saved_bytes(loss: Callable, params: Any, x: Any, y: Any) -> dict[str, int]:
+    """``saved_bytes`` (parameters excluded), ``saved_param_bytes`` and ``residual_total_bytes``.
+
+    ``residual_total_bytes`` is :func:`remat.memory.saved_residuals` ``(loss of params)``
+    ``.total_bytes``; the parameter part is the residuals that are parameters or computed
+    from parameters alone (dependency pass over the jaxpr of the same ``jax.vjp``).
+    """
+    import jax
+    from jax._src import core
+
+    from remat.memory import saved_residuals
+
+    loss_of_params = functools.partial(_call_closed, loss, x=x, y=y)
+    report = saved_residuals(loss_of_params, params)
+    closed, out_shape = jax.make_jaxpr(lambda p: jax.vjp(loss_of_params, p), return_shape=True)(params)
+    jaxpr = closed.jaxpr
+    num_res = jax.tree_util.tree_structure(out_shape[1]).num_leaves
+    res_vars = jaxpr.outvars[len(jaxpr.outvars) - num_res:]
+    derived = _param_derived_vars(jaxpr)
+    seen: set = set()
+    param_bytes = data_bytes = 0
+    for v in res_vars:
+        if isinstance(v, core.Literal) or v in seen:
+            continue
+        seen.add(v)
+        if v in derived:
+            param_bytes += _nbytes(v.aval)
+        else:
+            data_bytes += _nbytes(v.aval)
+    total = report.total_bytes
+    # The report and the pass see the same residuals; if JAX ever disagrees, trust the
+    # report's total and subtract the parameter part from it.
+    saved = total - param_bytes if total != param_bytes + data_bytes else data_bytes
+    return {"saved_bytes": int(saved), "saved_param_bytes": int(param_bytes), "residual_total_bytes": int(total)}
+
+
+def _call_closed(loss: Callable, params: Any, *, x: Any, y: Any) -> Any:
+    return loss(params, x, y)
+
+
+def jax_temp_bytes(program: JaxProgram) -> int:
+    from remat.memory import CompiledMemory
+
+    return CompiledMemory.from_compiled(program.compiled).temp_bytes
+
+
+# --------------------------------------------------------------------------------------
+# PyTorch
+# --------------------------------------------------------------------------------------
+
+
+def _torch_act(name: str) -> Callable:
+    import torch
+    from torch.nn import functional as F
+
+    return {"relu": torch.relu, "tanh": torch.tanh, "gelu": F.gelu}[name]
+
+
+@dataclasses.dataclass
+class TorchProgram:
+    variant: str
+    forward: Callable[[], Any]  # returns the loss
+    params: list
+
+    def step(self) -> Any:
+        for p in self.params:
+            p.grad = None
+        loss = self.forward()
+        loss.backward()
+        return loss
+
+
+def torch_program(built: Built, variant: str) -> TorchProgram:
+    import torch
+    import torch.utils.checkpoint as tcp
+    from torch.nn import functional as F
+
+    if variant not in TORCH_VARIANTS:
+        raise ValueError(f"unknown PyTorch variant {variant!r}; use one of {', '.join(TORCH_VARIANTS)}")
+    tm, model, depth = built.torch_model, built.model, built.depth
+    tm.train()
+    x = torch.from_numpy(np.ascontiguousarray(built.inputs))
+    y = torch.from_numpy(np.ascontiguousarray(built.targets)).long()
+    blocks = list(tm.blocks)
+    act = _torch_act(getattr(built.config, "activation", "relu"))
+
+    def prologue() -> Any:
+        return tm.embed(x) if model == "transformer" else act(tm.inp(x))
+
+    def epilogue(h: Any) -> Any:
+        return tm.head(tm.ln_f(h)) if model == "transformer" else tm.head(h)
+
+    def forward() -> Any:
+        h = prologue()
+        if variant == "none":
+            for b in blocks:
+                h = b(h)
+        elif variant == "nothing":
+            for b in blocks:
+                # looked up on the module at call time, so counting hooks can wrap it
+                h = tcp.checkpoint(b, h, use_reentrant=False)
+        else:
+            h = tcp.checkpoint_sequential(blocks, segments_for(depth), h, use_reentrant=False)
+        logits = epilogue(h)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+    return TorchProgram(variant, forward, [p for p in tm.parameters() if p.requires_grad])
+
+
+def torch_saved_bytes(program: TorchProgram) -> dict[str, int]:
+    """Bytes of the tensors packed for the backward during one forward, by storage."""
+    import torch
+
+    param_ptrs = {p.untyped_storage().data_ptr() for p in program.params}
+    storages: dict[int, int] = {}
+
+    def pack(t: Any) -> Any:
+        st = t.untyped_storage()
+        storages[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = program.forward()
+    loss.backward()  # the saved tensors must be consumable: the graph is real
+    for p in program.params:
+        p.grad = None
+    params = sum(n for ptr, n in storages.items() if ptr in param_ptrs)
+    saved = sum(n for ptr, n in storages.items() if ptr not in param_ptrs)
+    return {"saved_bytes": int(saved), "saved_param_bytes": int(params), "residual_total_bytes": int(saved + params)}
+
+
+# --------------------------------------------------------------------------------------
+# One (model, depth): every variant, timed in interleaved rounds
+# --------------------------------------------------------------------------------------
+
+
+def threads() -> int:
+    """Threads both frameworks use: XLA:CPU's pool has one per core, so torch gets as many."""
+    return os.cpu_count() or 1
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    out = fn()
+    dt = time.perf_counter() - t0
+    del out
+    return dt
+
+
+def measure_model(
+    model: str,
+    depth: int,
+    sizes: Sizes,
+    *,
+    jax_variants: tuple[str, ...] = JAX_VARIANTS,
+    torch_variants: tuple[str, ...] = TORCH_VARIANTS,
+    steps: int | None = None,
+    seed: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """All rows for one model and depth (see the module docstring for each figure).
+
+    Returns one flat dict per (framework, variant) with :data:`ROW_KEYS` plus
+    ``saved_param_bytes``, ``residual_total_bytes``, ``compile_s``, ``step_ms_all``,
+    ``rss_method``, ``threads`` and ``segments``. ``overhead`` is filled in by
+    :func:`add_overheads` (already applied here).
+    """
+    import torch
+
+    steps = sizes.steps if steps is None else steps
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    log = log or (lambda s: None)
+    n_threads = threads()
+    torch.set_num_threads(n_threads)
+    built = build(model, depth, sizes, seed)
+
+    entries: list[tuple[dict[str, Any], Callable[[], Any]]] = []
+    for v in jax_variants:
+        prog = jax_program(built, v)
+        row = _row("jax", model, depth, v, n_threads)
+        row.update(jax_saved_bytes(prog.loss, prog.params, prog.x, prog.y))
+        row["temp_bytes"] = int(jax_temp_bytes(prog))
+        row["compile_s"] = round(prog.compile_s, 3)
+        entries.append((row, prog.step))
+        log(f"  jax {model} depth {depth} {v}: compiled in {prog.compile_s:.1f}s")
+    for v in torch_variants:
+        prog = torch_program(built, v)
+        row = _row("torch", model, depth, v, n_threads)
+        row.update(torch_saved_bytes(prog))
+        row["temp_bytes"] = None
+        row["compile_s"] = None
+        entries.append((row, prog.step))
+
+    # warm-up, then the peak-RSS step of each variant (alone, nothing else live)
+    for _, step in entries:
+        _timed(step)
+    for row, step in entries:
+        row["peak_rss_bytes"], row["rss_method"] = step_peak_rss(step)
+    times: list[list[float]] = [[] for _ in entries]
+    for r in range(steps):
+        order = list(range(len(entries)))
+        k = r % len(order)
+        for i in order[k:] + order[:k]:
+            times[i].append(_timed(entries[i][1]))
+    rows = []
+    for (row, _), ts in zip(entries, times):
+        row["step_ms"] = round(statistics.median(ts) * 1e3, 3)
+        row["step_ms_all"] = [round(t * 1e3, 3) for t in ts]
+        rows.append(row)
+    add_overheads(rows)
+    return rows
+
+
+def _row(framework: str, model: str, depth: int, variant: str, n_threads: int) -> dict[str, Any]:
+    return {
+        "framework": framework, "model": model, "depth": int(depth), "variant": variant,
+        "saved_bytes": None, "temp_bytes": None, "peak_rss_bytes": None, "step_ms": None,
+        "overhead": None, "threads": n_threads,
+        "segments": segments_for(depth) if variant == "sequential" else None,
+    }
+
+
+def add_overheads(rows: list[dict[str, Any]]) -> None:
+    """``overhead = step_ms / step_ms`` of the same framework's ``none`` row (same model, depth)."""
+    base = {(r["framework"], r["model"], r["depth"]): r["step_ms"] for r in rows if r["variant"] == "none"}
+    for r in rows:
+        b = base.get((r["framework"], r["model"], r["depth"]))
+        r["overhead"] = round(r["step_ms"] / b, 4) if b and r["step_ms"] is not None else None
+
+
+def probe_none(model: str, depth: int, sizes: Sizes, steps: int, seed: int = 0) -> dict[str, Any]:
+    """The JAX ``none`` step alone: temp bytes and step times (for the XLA-flag probe)."""
+    built = build(model, depth, sizes, seed)
+    prog = jax_program(built, "none")
+    prog.step()
+    ts = [_timed(prog.step) for _ in range(steps)]
+    return {
+        "model": model, "depth": depth, "temp_bytes": int(jax_temp_bytes(prog)),
+        "step_ms_all": [round(t * 1e3, 3) for t in ts], "step_ms": round(statistics.median(ts) * 1e3, 3),
+    }
+
+
+def process_info() -> dict[str, Any]:
+    """What the process runs with: XLA_FLAGS, whether remat's flag is in them, versions."""
+    import jax
+    import torch
+
+    from remat._xla_flags import CPU_REMAT_FLAG
+
+    flags = os.environ.get("XLA_FLAGS", "")
+    return {
+        "xla_flags": flags, "remat_flag_set": CPU_REMAT_FLAG in flags.split(),
+        "jax": jax.__version__, "torch": torch.__version__, "threads": threads(),
+        "torch_threads": torch.get_num_threads(), "jax_devices": str(jax.devices()),
+        "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
+    }
+
+
+# --------------------------------------------------------------------------------------
+# Worker entry point (run by benchmarks.run in a fresh process)
+# --------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="one benchmark measurement, printed as JSON")
+    ap.add_argument("--model", required=True, choices=MODELS)
+    ap.add_argument("--depth", required=True, type=int)
+    ap.add_argument("--sizes", default="quick", choices=sorted(SIZES))
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--probe-none", action="store_true", help="only the JAX none step (flag probe)")
+    args = ap.parse_args(argv)
+    sizes = SIZES[args.sizes]
+    import torch
+
+    torch.set_num_threads(threads())
+    if args.probe_none:
+        out: Any = probe_none(args.model, args.depth, sizes, args.steps or sizes.steps)
+    else:
+        out = measure_model(args.model, args.depth, sizes, steps=args.steps,
+                            log=lambda s: print(s, file=sys.stderr, flush=True))
+    print("BENCH_RESULT " + json.dumps({"result": out, "info": process_info()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""``remat train``: train a built-in model or your own with optax, on one device or many.
+
+The loop, the data, the sharding and save/resume live in :mod:`remat.cli._training`
+(imported only when the command runs, so ``remat --help`` stays fast).
+"""
+from __future__ import annotations
+
+import argparse
+
+from remat.cli._common import UsageError
+
+HELP = "train a model with activation checkpointing, on one device or many, with save/resume"
+EXAMPLE = "remat train transformer --steps 200 --policy dots --devices 4 --save-dir runs/t --plot loss.png"
+
+POLICIES = ("none", "nothing", "everything", "dots", "dots_no_batch", "names")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        f"{HELP}.\n\nMODEL is one of mlp (regression on a fixed random teacher), transformer "
+        "(character-level language model on a text that ships with remat), cnn (10-class synthetic "
+        "images), seed-model, seed-mymodel, or path/to/file.py:factory. A factory is called as "
+        "factory(seed=S) when it takes a seed, factory() otherwise, and returns (jax_model, "
+        "torch_model, example_inputs) like the models/ files do; the NNX model is trained on its "
+        "example inputs (the whole batch every step, leading axis = batch) to minimise "
+        "train_loss(outputs, *inputs) when the factory's file defines it, otherwise the mean of "
+        "the squared outputs. The torch model is not used (it may be None)."
+    )
+    parser.add_argument("model", metavar="MODEL", help="mlp, transformer, cnn, seed-model, seed-mymodel or path/to/file.py:factory")
+    parser.add_argument("--steps", type=int, default=100, help="total optimizer steps (default 100)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="global batch size, split across --devices (default 32; 16 for the transformer)")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="optax optimizer (default adam)")
+    parser.add_argument("--lr", type=float, default=None, help="learning rate (default 0.1 for sgd, 3e-3 for adam/adamw)")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--policy", choices=POLICIES, default=None,
+                       help="remat policy for every block: none = no checkpointing, nothing = save only the block "
+                            "inputs (torch.utils.checkpoint), everything, dots, dots_no_batch, names = the values "
+                            "the model tags (default: nothing)")
+    group.add_argument("--budget", type=float, default=None, metavar="F",
+                       help="keep at most this fraction (0 < F <= 1) of the activations (remat.policies.budget)")
+    parser.add_argument("--depth", type=int, default=None, help="number of blocks (built-in models)")
+    parser.add_argument("--width", type=int, default=None,
+                        help="block width (mlp, transformer) or first conv's channels (cnn, doubled per block)")
+    parser.add_argument("--seq-len", type=int, default=None, help="transformer context length (default 32)")
+    parser.add_argument("--devices", type=int, default=None, metavar="N",
+                        help="data-parallel over N devices (on CPU: N host devices; default: every device JAX sees)")
+    parser.add_argument("--save-dir", default=None, metavar="DIR",
+                        help="save params, optimizer state, step and loss history here (atomic; the last 2 kept)")
+    parser.add_argument("--every", type=int, default=10, metavar="K", help="save every K steps (default 10) and at the end")
+    parser.add_argument("--resume", action="store_true", help="continue from the last save in --save-dir")
+    parser.add_argument("--plot", default=None, metavar="PNG", help="write the loss curve to this PNG file")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the initialisation and the data order (default 0)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (no progress bar, no table)")
+    # Test hook: sleep this long after every step, so a test can kill a run mid-way.
+    parser.add_argument("--step-delay", type=float, default=0.0, help=argparse.SUPPRESS)
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Checks everything that needs no JAX; raises :class:`UsageError`."""
+    if args.steps < 1:
+        raise UsageError(f"--steps must be at least 1, got {args.steps}")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.lr is not None and not args.lr > 0:
+        raise UsageError(f"--lr must be positive, got {args.lr}")
+    if args.budget is not None and not 0 < args.budget <= 1:
+        raise UsageError(f"--budget must be in (0, 1] (a fraction of the activations to keep), got {args.budget}")
+    if args.devices is not None and args.devices < 1:
+        raise UsageError(f"--devices must be at least 1, got {args.devices}")
+    if args.devices is not None and args.batch_size is not None and args.batch_size % args.devices:
+        raise UsageError(
+            f"--batch-size {args.batch_size} does not split evenly over --devices {args.devices}; "
+            f"use a multiple of {args.devices}")
+    if args.every < 1:
+        raise UsageError(f"--every must be at least 1, got {args.every}")
+    for name in ("depth", "width", "seq_len"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.resume and not args.save_dir:
+        raise UsageError("--resume needs --save-dir DIR (the directory an earlier run saved into)")
+    if args.step_delay < 0:
+        raise UsageError("--step-delay must not be negative")
+
+
+def run(args: argparse.Namespace) -> int:
+    validate(args)
+    from remat.cli import _training
+
+    return _training.main(args)

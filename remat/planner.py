@@ -1,0 +1,270 @@
+"""``remat.plan``: the fastest rematerialization of a whole training step that fits a budget.
+
+The step is the user's own loss function, with ``remat.checkpoint`` (or
+``checkpoint_sequential``) around its blocks as usual. While the planner traces it, it
+re-decides every checkpointed region (through a hook in :func:`remat.checkpoint`'s one
+dispatch): checkpoint it or not, and with which policy. Candidate plans:
+
+* every fixed named policy on every region (``"nothing"``, ``"dots_no_batch"``,
+  ``"dots"``, the user's own policies as written, and no checkpoint at all);
+* the memory-budget policy at several fractions (:mod:`remat.budget`);
+* which regions to checkpoint: the first ``k`` regions fully rematerialized and the rest
+  kept, with ``k`` the smallest that fits (found by bisection; memory falls as ``k`` grows).
+
+Each candidate is compiled (XLA's memory analysis gives its exact temp bytes, and its
+cost analysis the FLOPs and bytes from which a step time is predicted); the candidates
+that fit are timed side by side, and the fastest measured one is the plan. The budget is
+a fraction of the un-checkpointed step's compiled temp memory. When nothing fits, the
+plan says so and gives the smallest temp memory any candidate reached.
+
+Scan over layers (:mod:`remat.scan`) changes the program's structure rather than a
+policy, so it is not a candidate here; its memory is in the benchmark's tables.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+
+from remat import _checkpoint
+from remat.budget import Budget
+from remat.policies import PolicySpec, policy_name, resolve_policy
+
+NONE = "none"  # a region that is not checkpointed
+AS_WRITTEN = "as written"  # a region keeps the options the user's code gave it
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One way to run the step: a label and a policy (or ``NONE``) for each region."""
+
+    label: str
+    policies: tuple[Any, ...]
+    temp_bytes: int | None = None
+    predicted_ms: float | None = None
+    measured_ms: float | None = None
+    fits: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "policies": [_spec_label(p) for p in self.policies],
+                "temp_bytes": self.temp_bytes, "predicted_ms": self.predicted_ms,
+                "measured_ms": self.measured_ms, "fits": self.fits}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The planner's answer: the chosen candidate, every candidate it weighed, and why."""
+
+    budget: float
+    limit_bytes: int
+    none_temp_bytes: int
+    num_regions: int
+    feasible: bool
+    chosen: Candidate | None
+    candidates: tuple[Candidate, ...]
+    minimum_bytes: int
+
+    def apply(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``step_fn`` with the plan's choice for every checkpointed region (at trace time)."""
+        if self.chosen is None:
+            raise ValueError(
+                f"the budget {self.budget} cannot be met: the smallest compiled temp memory "
+                f"found is {self.minimum_bytes} bytes ({self.minimum_bytes / self.none_temp_bytes:.2f} "
+                "of no checkpoint); raise the budget or use remat.scan"
+            )
+        return apply_policies(step_fn, self.chosen.policies)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"budget": self.budget, "limit_bytes": self.limit_bytes,
+                "none_temp_bytes": self.none_temp_bytes, "num_regions": self.num_regions,
+                "feasible": self.feasible, "minimum_bytes": self.minimum_bytes,
+                "chosen": self.chosen.to_dict() if self.chosen else None,
+                "candidates": [c.to_dict() for c in self.candidates]}
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def __str__(self) -> str:
+        mib = 2**20
+        lines = [f"remat plan: budget {self.budget} of {self.none_temp_bytes / mib:.1f} MiB "
+                 f"(limit {self.limit_bytes / mib:.1f} MiB), {self.num_regions} checkpointed regions"]
+        if not self.feasible:
+            lines.append(f"  the budget cannot be met: the minimum found is {self.minimum_bytes / mib:.1f} MiB "
+                         f"({self.minimum_bytes / self.none_temp_bytes:.2f} of no checkpoint)")
+        lines.append(f"  {'':2}{'candidate':<28}{'temp MiB':>10}{'of none':>9}{'fits':>6}"
+                     f"{'pred ms':>9}{'meas ms':>9}")
+        for c in self.candidates:
+            mark = "->" if self.chosen is not None and c.label == self.chosen.label else "  "
+            meas = f"{c.measured_ms:9.2f}" if c.measured_ms is not None else f"{'-':>9}"
+            lines.append(f"  {mark}{c.label:<28}{c.temp_bytes / mib:>10.1f}"
+                         f"{c.temp_bytes / self.none_temp_bytes:>9.2f}{'yes' if c.fits else 'no':>6}"
+                         f"{c.predicted_ms:>9.2f}{meas}")
+        return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _region_policies(policies: Sequence[Any]) -> Iterator[list[int]]:
+    """Makes the i-th checkpointed region traced in this context use ``policies[i]``."""
+    seen = [0]
+
+    def override(opts: _checkpoint.CheckpointOptions) -> _checkpoint.CheckpointOptions | None:
+        i = seen[0]
+        seen[0] += 1
+        spec = policies[i] if i < len(policies) else AS_WRITTEN
+        if spec == AS_WRITTEN:
+            return opts
+        if spec == NONE:
+            return None
+        return dataclasses.replace(opts, policy=resolve_policy(spec), policy_label=policy_name(spec))
+
+    token = _checkpoint._REGION_OVERRIDE.set(override)
+    try:
+        yield seen
+    finally:
+        _checkpoint._REGION_OVERRIDE.reset(token)
+
+
+def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any]) -> Callable[..., Any]:
+    """``step_fn`` whose i-th checkpointed region uses ``policies[i]`` (``"none"``: no checkpoint)."""
+    policies = tuple(policies)
+
+    def planned(*args: Any, **kwargs: Any) -> Any:
+        with _region_policies(policies):
+            return step_fn(*args, **kwargs)
+
+    planned.__name__ = getattr(step_fn, "__name__", "step")
+    return planned
+
+
+def count_regions(step_fn: Callable[..., Any], *args: Any) -> int:
+    """How many checkpointed regions one trace of ``step_fn(*args)`` goes through."""
+    with _region_policies(()) as seen:
+        jax.eval_shape(step_fn, *args)
+    return seen[0]
+
+
+def plan(
+    step_fn: Callable[..., Any],
+    *args: Any,
+    budget: float,
+    argnums: int | Sequence[int] = 0,
+    policies: Sequence[PolicySpec] = ("nothing", "dots_no_batch", "dots"),
+    budget_fractions: Sequence[float] = (0.25, 0.5, 0.75),
+    repeat: int = 5,
+    measure: bool = True,
+) -> Plan:
+    """Finds the fastest way to checkpoint ``step_fn`` whose compiled temp memory fits.
+
+    Args:
+      step_fn: a scalar loss ``step_fn(*args)`` whose blocks call :func:`remat.checkpoint`.
+      *args: example arguments (parameters first, or as ``argnums`` says).
+      budget: the most compiled temp memory of ``jit(grad(step_fn))``, as a fraction in
+        (0, 1] of the same step without any checkpoint.
+      argnums: what the gradient is taken with respect to.
+      policies: fixed policies tried on every region.
+      budget_fractions: fractions of :func:`remat.policies.budget` tried on every region.
+      repeat: timed steps per fitting candidate (the median is used).
+      measure: time the fitting candidates (otherwise choose by predicted time).
+
+    Returns:
+      A :class:`Plan`; ``plan.apply(step_fn)`` runs the step the planned way.
+
+    Example:
+      >>> p = plan(loss, params, x, budget=0.5)            # doctest: +SKIP
+      >>> grads = jax.jit(jax.grad(p.apply(loss)))(params, x)  # doctest: +SKIP
+    """
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1:
+        raise ValueError(f"plan(budget=...) must be a fraction in (0, 1], got {budget!r}")
+    n = count_regions(step_fn, *args)
+    if n == 0:
+        raise ValueError("plan() found no remat.checkpoint region in step_fn: checkpoint its blocks first")
+
+    def evaluate(label: str, specs: tuple[Any, ...]) -> Candidate:
+        fn = apply_policies(step_fn, specs)
+        compiled = jax.jit(jax.grad(fn, argnums=argnums)).lower(*args).compile()
+        # one compile gives both the exact temp bytes and the FLOPs/bytes for the time model
+        temp = int(compiled.memory_analysis().temp_size_in_bytes)
+        return Candidate(label, specs, temp_bytes=temp, predicted_ms=_predicted_ms(compiled))
+
+    none = evaluate("no checkpoint", (NONE,) * n)
+    limit = int(budget * none.temp_bytes)
+    pool: list[Candidate] = [none, evaluate("as written", (AS_WRITTEN,) * n)]
+    for p in policies:
+        pool.append(evaluate(f"all: {policy_name(p)}", (p,) * n))
+    for f in budget_fractions:
+        pool.append(evaluate(f"all: budget({f})", (Budget(f),) * n))
+    for rest in (NONE, "dots"):
+        prefix = _smallest_prefix(lambda k: evaluate(f"first {k}: nothing, rest {rest}",
+                                                      ("nothing",) * k + (rest,) * (n - k)), n, limit)
+        if prefix is not None:
+            pool.append(prefix)
+
+    pool = [dataclasses.replace(c, fits=c.temp_bytes <= limit) for c in _unique(pool)]
+    fitting = [c for c in pool if c.fits]
+    if measure and fitting:
+        times = _time_side_by_side([apply_policies(step_fn, c.policies) for c in fitting], args, argnums, repeat)
+        timed = {c.label: t for c, t in zip(fitting, times)}
+        pool = [dataclasses.replace(c, measured_ms=timed.get(c.label)) for c in pool]
+        fitting = [c for c in pool if c.fits]
+    key = (lambda c: c.measured_ms) if measure else (lambda c: c.predicted_ms)
+    chosen = min(fitting, key=key) if fitting else None
+    return Plan(budget=float(budget), limit_bytes=limit, none_temp_bytes=none.temp_bytes,
+                num_regions=n, feasible=chosen is not None, chosen=chosen,
+                candidates=tuple(pool), minimum_bytes=min(c.temp_bytes for c in pool))
+
+
+def _smallest_prefix(evaluate: Callable[[int], Candidate], n: int, limit: int) -> Candidate | None:
+    """Bisection for the fewest leading regions to checkpoint so that the step fits."""
+    lo, hi, best = 1, n - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        c = evaluate(mid)
+        if c.temp_bytes <= limit:
+            best, hi = c, mid - 1
+        else:
+            lo = mid + 1
+    return best
+
+
+def _unique(pool: list[Any]) -> list[Candidate]:
+    seen, out = set(), []
+    for c in pool:
+        if isinstance(c, Candidate) and c.label not in seen:
+            seen.add(c.label)
+            out.append(c)
+    return out
+
+
+def _predicted_ms(compiled: Any) -> float:
+    """Step time from XLA's cost analysis at the rates of :func:`remat.budget.calibrate`."""
+    from remat.budget import _RATES
+
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    flops = float(cost.get("flops", 0.0)) if cost else 0.0
+    moved = float(cost.get("bytes accessed", 0.0)) if cost else 0.0
+    return 1e3 * (flops / _RATES["flops_per_s"] + moved / _RATES["bytes_per_s"])
+
+
+def _time_side_by_side(fns: list[Callable[..., Any]], args: tuple, argnums: Any, repeat: int) -> list[float]:
+    """Median step ms of each function, timed in interleaved rounds (fair on a noisy machine)."""
+    steps = [jax.jit(jax.grad(f, argnums=argnums)) for f in fns]
+    for s in steps:
+        jax.block_until_ready(s(*args))  # compile and warm up
+    samples: list[list[float]] = [[] for _ in steps]
+    for _ in range(repeat):
+        for i, s in enumerate(steps):
+            t = time.perf_counter()
+            jax.block_until_ready(s(*args))
+            samples[i].append(1e3 * (time.perf_counter() - t))
+    return [statistics.median(x) for x in samples]
+
+
+def _spec_label(p: Any) -> str:
+    return p if isinstance(p, str) else policy_name(p)

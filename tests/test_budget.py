@@ -1,0 +1,127 @@
+"""The memory-budget policy: within the limit, the knapsack optimum, exact gradients."""
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import remat
+from remat.budget import Budget, knapsack
+from remat.memory import saved_residuals
+
+
+def block(w, x):
+    h = jnp.tanh(x @ w[0])
+    h = jax.nn.gelu(h @ w[1])
+    return jnp.sin(h @ w[2]) + x
+
+
+W = jnp.stack([jnp.eye(32) * 0.5] * 3) + 0.01
+X = jnp.linspace(-1, 1, 16 * 32).reshape(16, 32)
+
+
+def kept_bytes(policy):
+    return saved_residuals(lambda w, x: remat.checkpoint(block, w, x, policy=policy).sum(), W, X).residual_bytes
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5, 0.75, 1.0])
+def test_budget_keeps_at_most_the_fraction_and_gradients_are_exact(fraction):
+    p = remat.policies.budget(fraction)
+    full = kept_bytes("everything")
+    assert kept_bytes(p) <= fraction * full
+    choice = p.last_choice
+    assert choice.kept_bytes <= choice.limit_bytes
+    g = jax.grad(lambda w: remat.checkpoint(block, w, X, policy=p).sum())(W)
+    g0 = jax.grad(lambda w: block(w, X).sum())(W)
+    np.testing.assert_allclose(g, g0, rtol=1e-6, atol=1e-6)
+
+
+def test_zero_is_nothing_and_one_is_everything():
+    assert kept_bytes(remat.policies.budget(0.0)) == kept_bytes("nothing")
+    assert kept_bytes(remat.policies.budget(1.0)) == kept_bytes("everything")
+
+
+def test_budget_grows_what_it_keeps_with_the_fraction():
+    kept = [kept_bytes(remat.policies.budget(f)) for f in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    assert kept == sorted(kept) and kept[0] < kept[2] < kept[-1]
+
+
+def test_budget_prefers_matmuls_when_room_is_tight():
+    p = remat.policies.budget(0.3)
+    kept_bytes(p)
+    assert "dot_general" in {c.primitive for c in p.last_choice.kept}
+    assert "dot_general" in str(p.last_choice) and "keep" in str(p.last_choice)
+
+
+def test_budget_in_bytes_and_jit_and_nnx():
+    from flax import nnx
+
+    p = remat.policies.budget(bytes=4096)
+    assert kept_bytes(p) <= 4096
+    f = jax.jit(jax.grad(lambda w: remat.checkpoint(block, w, X, policy=p).sum()))
+    np.testing.assert_allclose(f(W), jax.grad(lambda w: block(w, X).sum())(W), rtol=1e-6, atol=1e-6)
+
+    class Net(nnx.Module):
+        def __init__(self, ck):
+            self.l1, self.l2, self.ck = nnx.Linear(8, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 8, rngs=nnx.Rngs(1)), ck
+
+        def body(self, x):
+            return jnp.tanh(self.l2(jnp.tanh(self.l1(x))))
+
+        def __call__(self, x):
+            return remat.checkpoint(self.body, x, policy=remat.policies.budget(0.5)) if self.ck else self.body(x)
+
+    x = jnp.ones((4, 8))
+    g1 = nnx.state(nnx.grad(lambda m: m(x).sum())(Net(True)))
+    g0 = nnx.state(nnx.grad(lambda m: m(x).sum())(Net(False)))
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), "half", True])
+def test_bad_fractions_are_value_errors(bad):
+    with pytest.raises(ValueError, match="budget"):
+        remat.policies.budget(bad)
+
+
+def test_budget_outside_remat_checkpoint_says_how_to_use_it():
+    with pytest.raises(TypeError, match="policy= of remat.checkpoint"):
+        jax.grad(lambda x: jax.checkpoint(jnp.sin, policy=Budget(0.5))(x).sum())(X)
+
+
+def _brute_force(weights, values, capacity):
+    n = len(weights)
+    masks = np.array(list(itertools.product([0, 1], repeat=n)), dtype=bool)
+    w = masks @ np.array(weights)
+    v = masks @ np.array(values)
+    v[w > capacity] = -1
+    return float(v.max())
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 1000), st.floats(0.0, 100.0)), min_size=1, max_size=14),
+       st.integers(0, 5000))
+def test_knapsack_equals_brute_force(items, capacity):
+    weights, values = [w for w, _ in items], [v for _, v in items]
+    picked, method = knapsack(weights, values, capacity)
+    assert method == "exact"
+    assert sum(weights[i] for i in picked) <= capacity
+    assert math.isclose(sum(values[i] for i in picked), _brute_force(weights, values, capacity), rel_tol=1e-9, abs_tol=1e-9)
+
+
+def test_knapsack_twenty_candidates_exact():
+    rng = np.random.default_rng(0)
+    weights = rng.integers(1, 500, 20).tolist()
+    values = rng.random(20).tolist()
+    picked, method = knapsack(weights, values, 2000)
+    assert method == "exact"
+    assert math.isclose(sum(values[i] for i in picked), _brute_force(weights, values, 2000))
+
+
+def test_knapsack_beyond_the_exact_limit_is_greedy_and_feasible():
+    picked, method = knapsack(list(range(1, 41)), [1.0] * 40, 50, exact_limit=24)
+    assert method == "greedy" and sum(i + 1 for i in picked) <= 50

@@ -1,0 +1,231 @@
+"""policy=: every spelling gives exact gradients and keeps what it says it keeps."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.ad_checkpoint import Offloadable, Recompute, Saveable
+from conftest import assert_clean_error, assert_trees_close, nonarg_residuals, residual_bytes
+
+import remat
+from remat import checkpoint, checkpoint_name, policies
+from remat.policies import CheckpointPolicy
+
+W = jax.random.normal(jax.random.key(0), (4, 4)) * 0.5
+X = jax.random.normal(jax.random.key(1), (2, 3, 4))
+
+
+def body(w, x):
+    h = checkpoint_name(jnp.tanh(x @ w), "h")             # weights x activations: no batch dims
+    s = jnp.einsum("bij,bkj->bik", h, h)                  # batched matmul (attention-like)
+    s = checkpoint_name(jnp.exp(jnp.sin(s)), "scores")
+    return jnp.sum(s * s) + jnp.sum(jnp.cos(h @ w) * h)
+
+
+def loss_plain(w, x):
+    return body(w, x)
+
+
+def ck_loss(policy):
+    return lambda w, x: checkpoint(body, w, x, policy=policy)
+
+
+def kept(policy):
+    return nonarg_residuals(ck_loss(policy), W, X)
+
+
+def nbytes(policy):
+    return residual_bytes(ck_loss(policy), W, X)
+
+
+ALL_POLICIES = {
+    "None": None,
+    "nothing": "nothing",
+    "everything": "everything",
+    "dots": "dots",
+    "dots_no_batch": "dots_no_batch",
+    "names-list": ["h"],
+    "names-tuple": ("h", "scores"),
+    "save_names": policies.save_names("h"),
+    "save_names-list": policies.save_names(["scores"]),
+    "save_all_but": policies.save_all_but("scores"),
+    "offload_names": policies.offload_names("h"),
+    "any_of": policies.any_of("dots_no_batch", policies.save_names("scores")),
+    "selective-ops": policies.selective(["mm"]),
+    "selective-prims": policies.selective([jax.lax.dot_general_p, "exp"]),
+    "selective-fn": policies.selective(
+        lambda op, *a, **k: CheckpointPolicy.MUST_SAVE if op == "tanh" else CheckpointPolicy.PREFER_RECOMPUTE
+    ),
+    "jax-callable": jax.checkpoint_policies.checkpoint_dots,
+}
+
+
+@pytest.mark.parametrize("name", list(ALL_POLICIES))
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_every_policy_gives_plain_gradients(name, jit):
+    g = jax.grad(ck_loss(ALL_POLICIES[name]), argnums=(0, 1))
+    if jit:
+        g = jax.jit(g)
+    assert_trees_close(g(W, X), jax.grad(loss_plain, argnums=(0, 1))(W, X), rtol=1e-5, atol=1e-5)
+
+
+def test_named_policy_ordering():
+    plain = residual_bytes(loss_plain, W, X)
+    everything, dots, no_batch, nothing = (nbytes(p) for p in ("everything", "dots", "dots_no_batch", "nothing"))
+    assert everything > dots > no_batch > nothing
+    assert nbytes(None) == nothing
+    assert everything <= plain
+    assert kept("nothing") == [] and kept(None) == []
+    assert len(kept("everything")) > len(kept("dots")) > len(kept("dots_no_batch")) > 0
+
+
+def _descriptions(policy):
+    return [d for _, d in kept(policy)]
+
+
+def test_dots_keep_matmul_outputs_only():
+    dots = _descriptions("dots")
+    assert dots and all(d.startswith("output of dot_general") for d in dots)
+    assert len(dots) == 3
+    no_batch = _descriptions("dots_no_batch")
+    assert len(no_batch) == 2  # x @ w and h @ w, not the batched einsum
+    shapes = sorted(a.shape for a, _ in kept("dots_no_batch"))
+    assert shapes == [(2, 3, 4), (2, 3, 4)]
+    assert (2, 3, 3) in [a.shape for a, _ in kept("dots")]
+
+
+@pytest.mark.parametrize("spelling", [["h"], ("h",), policies.save_names("h"), policies.save_names(["h"])],
+                         ids=["list", "tuple", "save_names", "save_names-list"])
+def test_names_policy_keeps_exactly_the_named_value(spelling):
+    (res,) = kept(spelling)
+    aval, desc = res
+    assert "named 'h'" in desc
+    assert aval.shape == (2, 3, 4)
+
+
+def test_names_policy_two_names():
+    descs = _descriptions(["h", "scores"])
+    assert len(descs) == 2
+    assert any("named 'h'" in d for d in descs) and any("named 'scores'" in d for d in descs)
+
+
+def test_unknown_name_keeps_nothing():
+    assert kept(["no_such_name"]) == []
+
+
+def test_save_all_but_drops_only_the_named_value():
+    everything = _descriptions("everything")
+    all_but = _descriptions(policies.save_all_but("scores"))
+    assert any("named 'scores'" in d for d in everything)
+    assert not any("named 'scores'" in d for d in all_but)
+    assert any("named 'h'" in d for d in all_but)  # other names are still kept
+    assert 0 < len(all_but) < len(everything)
+    assert nbytes(policies.save_all_but("scores")) <= nbytes("everything")
+    assert policies.save_all_but("scores").__name__ == "save_all_but(scores)"
+
+
+def test_offload_names_moves_the_value_to_host():
+    res = kept(policies.offload_names("h"))
+    assert len(res) == 1
+    aval, _ = res[0]
+    assert aval.shape == (2, 3, 4)
+    assert "host" in str(aval)
+    # the policy decision itself
+    from jax._src.ad_checkpoint import name_p
+
+    p = policies.offload_names("h", save=["scores"])
+    a = jax.core.ShapedArray((2,), jnp.float32)
+    assert isinstance(p(name_p, a, name="h"), Offloadable)
+    assert p(name_p, a, name="scores") is Saveable
+    assert p(name_p, a, name="other") is Recompute
+
+
+def test_any_of_is_the_union():
+    union = _descriptions(policies.any_of("dots_no_batch", policies.save_names("scores")))
+    assert len(union) == len(_descriptions("dots_no_batch")) + 1
+    assert any("named 'scores'" in d for d in union)
+    assert _descriptions(policies.any_of("nothing", None)) == []
+    assert policies.any_of("dots", ["h"]).__name__ == "any_of(dots, names:h)"
+
+
+def test_selective_ops_match_dots():
+    assert len(kept(policies.selective(["mm"]))) == len(kept("dots"))
+    assert len(kept(policies.selective(["torch.ops.aten.mm.default"]))) == len(kept("dots"))
+    assert len(kept(policies.selective(["aten.bmm"]))) == len(kept("dots"))
+    assert len(kept(policies.selective([jax.lax.dot_general_p]))) == len(kept("dots"))
+    assert kept(policies.selective(["conv2d"])) == []
+
+
+def test_selective_function_policy():
+    def save_tanh(op, *avals, **params):
+        return CheckpointPolicy.MUST_SAVE if op == "tanh" else CheckpointPolicy.PREFER_RECOMPUTE
+
+    res = kept(policies.selective(save_tanh))
+    assert len(res) == 1 and res[0][0].shape == (2, 3, 4)
+    assert policies.selective(save_tanh).__name__ == "selective(save_tanh)"
+    # bools work too; PREFER_SAVE saves like MUST_SAVE
+    assert len(kept(policies.selective(lambda op, *a, **k: op == "tanh"))) == 1
+    prefer = policies.selective(lambda op, *a, **k: CheckpointPolicy.PREFER_SAVE if op == "tanh" else False)
+    assert len(kept(prefer)) == 1
+
+
+def test_selective_bad_return_value():
+    bad = policies.selective(lambda op, *a, **k: "save")
+    with pytest.raises(TypeError, match="CheckpointPolicy"):
+        jax.grad(ck_loss(bad))(W, X)
+
+
+def test_checkpoint_policy_enum_exported():
+    assert remat.CheckpointPolicy is CheckpointPolicy
+    assert {p.name for p in CheckpointPolicy} == {"MUST_SAVE", "PREFER_SAVE", "MUST_RECOMPUTE", "PREFER_RECOMPUTE"}
+
+
+def test_resolve_policy():
+    assert policies.resolve_policy(None) is None
+    assert policies.resolve_policy("nothing") is None
+    assert policies.resolve_policy("everything") is jax.checkpoint_policies.everything_saveable
+    assert policies.resolve_policy("dots") is jax.checkpoint_policies.dots_saveable
+    assert policies.resolve_policy("dots_no_batch") is jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    f = jax.checkpoint_policies.nothing_saveable
+    assert policies.resolve_policy(f) is f
+    assert set(policies.NAMED_POLICIES) == {"nothing", "everything", "dots", "dots_no_batch"}
+
+
+def test_policy_name():
+    assert policies.policy_name(None) == "nothing"
+    assert policies.policy_name("dots") == "dots"
+    assert policies.policy_name(["a", "b"]) == "names:a,b"
+    assert policies.policy_name(policies.selective(["mm"])) == "selective(dot_general)"
+
+
+@pytest.mark.parametrize(
+    "call,exc,fragments",
+    [
+        (lambda: policies.resolve_policy("bogus"), ValueError, ["'bogus'", "'dots'"]),
+        (lambda: policies.resolve_policy(3.0), TypeError, ["float"]),
+        (lambda: policies.resolve_policy([]), TypeError, ["non-empty"]),
+        (lambda: policies.resolve_policy([1]), TypeError, ["names"]),
+        (lambda: policies.save_names(1), TypeError, ["save_names"]),
+        (lambda: policies.save_all_but("a", 2), TypeError, ["save_all_but"]),
+        (lambda: policies.offload_names(None), TypeError, ["offload_names"]),
+        (lambda: policies.selective([]), ValueError, ["at least one"]),
+        (lambda: policies.any_of("bogus"), ValueError, ["unknown policy"]),
+    ],
+    ids=range(9),
+)
+def test_policy_errors(call, exc, fragments):
+    with pytest.raises(exc) as excinfo:
+        call()
+    assert_clean_error(excinfo, *fragments)
+
+
+def test_policy_with_nnx_and_sequential():
+    # policies travel through the other entry points unchanged
+    layers = [lambda x: jnp.tanh(x @ W), lambda x: jnp.tanh(x @ W), jnp.sin]
+    f = lambda x, p: jnp.sum(remat.checkpoint_sequential(layers, 2, x, policy=p))  # noqa: E731
+    x = X[0]
+    n_dots = len(nonarg_residuals(lambda x: f(x, "dots"), x))
+    n_nothing = len(nonarg_residuals(lambda x: f(x, None), x))
+    assert n_dots == n_nothing + 1
+    np.testing.assert_allclose(jax.grad(lambda x: f(x, "dots"))(x), jax.grad(lambda x: f(x, None))(x), rtol=1e-6)
