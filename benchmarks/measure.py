@@ -535,6 +535,76 @@ def _timed(fn: Callable[[], Any]) -> float:
     return dt
 
 
+@dataclasses.dataclass
+class Prepared:
+    """Every variant of one (model, depth), compiled and analysed, ready to be timed."""
+
+    model: str
+    depth: int
+    entries: list  # (row, step) pairs
+
+    def run(self, steps: int) -> list[dict[str, Any]]:
+        """Warm-up, one peak-RSS step per variant, then ``steps`` interleaved timed rounds."""
+        if steps < 1:
+            raise ValueError(f"steps must be at least 1, got {steps}")
+        for _, step in self.entries:
+            _timed(step)
+        for row, step in self.entries:
+            row["peak_rss_bytes"], row["rss_method"] = step_peak_rss(step)
+        times: list[list[float]] = [[] for _ in self.entries]
+        n = len(self.entries)
+        for r in range(steps):
+            for j in range(n):
+                i = (j + r) % n  # rotate the order each round
+                times[i].append(_timed(self.entries[i][1]))
+        rows = []
+        for (row, _), ts in zip(self.entries, times):
+            row = dict(row)
+            row["step_ms"] = round(statistics.median(ts) * 1e3, 3)
+            row["step_ms_min"] = round(min(ts) * 1e3, 3)
+            row["step_ms_max"] = round(max(ts) * 1e3, 3)
+            row["steps"] = len(ts)
+            rows.append(row)
+        add_overheads(rows)
+        return rows
+
+
+def prepare_model(
+    model: str,
+    depth: int,
+    sizes: Sizes,
+    *,
+    jax_variants: tuple[str, ...] = JAX_VARIANTS,
+    torch_variants: tuple[str, ...] = TORCH_VARIANTS,
+    seed: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> Prepared:
+    """Builds, compiles and analyses every variant (saved and temp bytes); no timing yet."""
+    import torch
+
+    log = log or (lambda s: None)
+    n_threads = threads()
+    torch.set_num_threads(n_threads)
+    built = build(model, depth, sizes, seed)
+    entries: list[tuple[dict[str, Any], Callable[[], Any]]] = []
+    for v in jax_variants:
+        prog = jax_program(built, v)
+        row = _row("jax", model, depth, v, n_threads)
+        row.update(jax_saved_bytes(prog.loss, prog.params, prog.x, prog.y))
+        row["temp_bytes"] = int(jax_temp_bytes(prog))
+        row["compile_s"] = round(prog.compile_s, 3)
+        entries.append((row, prog.step))
+        log(f"jax {model} depth {depth} {v}: compiled in {prog.compile_s:.1f}s")
+    for v in torch_variants:
+        prog = torch_program(built, v)
+        row = _row("torch", model, depth, v, n_threads)
+        row.update(torch_saved_bytes(prog))
+        row["temp_bytes"] = None
+        row["compile_s"] = None
+        entries.append((row, prog.step))
+    return Prepared(model, depth, entries)
+
+
 def measure_model(
     model: str,
     depth: int,
@@ -546,58 +616,15 @@ def measure_model(
     seed: int = 0,
     log: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """All rows for one model and depth (see the module docstring for each figure).
+    """All rows for one model and depth, measured in this process.
 
-    Returns one flat dict per (framework, variant) with :data:`ROW_KEYS` plus
-    ``saved_param_bytes``, ``residual_total_bytes``, ``compile_s``, ``step_ms_all``,
-    ``rss_method``, ``threads`` and ``segments``. ``overhead`` is filled in by
-    :func:`add_overheads` (already applied here).
+    One flat dict per (framework, variant) with :data:`ROW_KEYS` plus
+    ``saved_param_bytes``, ``residual_total_bytes``, ``compile_s``, ``step_ms_min``,
+    ``step_ms_max``, ``steps``, ``rss_method``, ``threads`` and ``segments``.
     """
-    import torch
-
-    steps = sizes.steps if steps is None else steps
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
-    log = log or (lambda s: None)
-    n_threads = threads()
-    torch.set_num_threads(n_threads)
-    built = build(model, depth, sizes, seed)
-
-    entries: list[tuple[dict[str, Any], Callable[[], Any]]] = []
-    for v in jax_variants:
-        prog = jax_program(built, v)
-        row = _row("jax", model, depth, v, n_threads)
-        row.update(jax_saved_bytes(prog.loss, prog.params, prog.x, prog.y))
-        row["temp_bytes"] = int(jax_temp_bytes(prog))
-        row["compile_s"] = round(prog.compile_s, 3)
-        entries.append((row, prog.step))
-        log(f"  jax {model} depth {depth} {v}: compiled in {prog.compile_s:.1f}s")
-    for v in torch_variants:
-        prog = torch_program(built, v)
-        row = _row("torch", model, depth, v, n_threads)
-        row.update(torch_saved_bytes(prog))
-        row["temp_bytes"] = None
-        row["compile_s"] = None
-        entries.append((row, prog.step))
-
-    # warm-up, then the peak-RSS step of each variant (alone, nothing else live)
-    for _, step in entries:
-        _timed(step)
-    for row, step in entries:
-        row["peak_rss_bytes"], row["rss_method"] = step_peak_rss(step)
-    times: list[list[float]] = [[] for _ in entries]
-    for r in range(steps):
-        order = list(range(len(entries)))
-        k = r % len(order)
-        for i in order[k:] + order[:k]:
-            times[i].append(_timed(entries[i][1]))
-    rows = []
-    for (row, _), ts in zip(entries, times):
-        row["step_ms"] = round(statistics.median(ts) * 1e3, 3)
-        row["step_ms_all"] = [round(t * 1e3, 3) for t in ts]
-        rows.append(row)
-    add_overheads(rows)
-    return rows
+    prepared = prepare_model(model, depth, sizes, jax_variants=jax_variants,
+                             torch_variants=torch_variants, seed=seed, log=log)
+    return prepared.run(sizes.steps if steps is None else steps)
 
 
 def _row(framework: str, model: str, depth: int, variant: str, n_threads: int) -> dict[str, Any]:
@@ -617,16 +644,28 @@ def add_overheads(rows: list[dict[str, Any]]) -> None:
         r["overhead"] = round(r["step_ms"] / b, 4) if b and r["step_ms"] is not None else None
 
 
-def probe_none(model: str, depth: int, sizes: Sizes, steps: int, seed: int = 0) -> dict[str, Any]:
-    """The JAX ``none`` step alone: temp bytes and step times (for the XLA-flag probe)."""
-    built = build(model, depth, sizes, seed)
-    prog = jax_program(built, "none")
-    prog.step()
-    ts = [_timed(prog.step) for _ in range(steps)]
-    return {
-        "model": model, "depth": depth, "temp_bytes": int(jax_temp_bytes(prog)),
-        "step_ms_all": [round(t * 1e3, 3) for t in ts], "step_ms": round(statistics.median(ts) * 1e3, 3),
-    }
+class NoneProbe:
+    """The JAX ``none`` step alone, for the XLA-flag probe: compiled once, timed in rounds."""
+
+    def __init__(self, model: str, depth: int, sizes: Sizes, seed: int = 0):
+        self.model, self.depth = model, depth
+        self.program = jax_program(build(model, depth, sizes, seed), "none")
+        self.temp_bytes = int(jax_temp_bytes(self.program))
+        self.times: list[float] = []
+        self.program.step()  # warm-up
+
+    def round(self, steps: int) -> list[float]:
+        ts = [_timed(self.program.step) for _ in range(steps)]
+        self.times.extend(ts)
+        return ts
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "depth": self.depth, "temp_bytes": self.temp_bytes,
+            "compile_s": round(self.program.compile_s, 3), "steps": len(self.times),
+            "step_ms": round(statistics.median(self.times) * 1e3, 3) if self.times else None,
+            "step_ms_all": [round(t * 1e3, 3) for t in self.times],
+        }
 
 
 def process_info() -> dict[str, Any]:
@@ -651,7 +690,14 @@ def process_info() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="one benchmark measurement, printed as JSON")
+    """Worker: prepares one measurement, then obeys ``GO``/``DONE`` lines on stdin.
+
+    Prints ``BENCH_READY`` once compiled; each ``GO`` runs the timed part (a full
+    measurement, or one probe round of ``--steps`` steps, printed as ``BENCH_ROUND``);
+    ``DONE`` (or end of input) prints ``BENCH_RESULT {json}`` and exits. The runner
+    grants ``GO`` to one worker at a time and pauses the others meanwhile.
+    """
+    ap = argparse.ArgumentParser(description="one benchmark measurement (worker of benchmarks.run)")
     ap.add_argument("--model", required=True, choices=MODELS)
     ap.add_argument("--depth", required=True, type=int)
     ap.add_argument("--sizes", default="quick", choices=sorted(SIZES))
@@ -659,15 +705,29 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--probe-none", action="store_true", help="only the JAX none step (flag probe)")
     args = ap.parse_args(argv)
     sizes = SIZES[args.sizes]
+    steps = args.steps or sizes.steps
     import torch
 
     torch.set_num_threads(threads())
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    worker: Any = (NoneProbe(args.model, args.depth, sizes) if args.probe_none
+                   else prepare_model(args.model, args.depth, sizes, log=log))
+    print("BENCH_READY", flush=True)
+    result: Any = None
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "GO":
+            if args.probe_none:
+                ts = worker.round(steps)
+                print("BENCH_ROUND " + json.dumps([round(t * 1e3, 3) for t in ts]), flush=True)
+            else:
+                result = worker.run(steps)
+                break
+        elif cmd == "DONE":
+            break
     if args.probe_none:
-        out: Any = probe_none(args.model, args.depth, sizes, args.steps or sizes.steps)
-    else:
-        out = measure_model(args.model, args.depth, sizes, steps=args.steps,
-                            log=lambda s: print(s, file=sys.stderr, flush=True))
-    print("BENCH_RESULT " + json.dumps({"result": out, "info": process_info()}), flush=True)
+        result = worker.result()
+    print("BENCH_RESULT " + json.dumps({"result": result, "info": process_info()}), flush=True)
 
 
 if __name__ == "__main__":

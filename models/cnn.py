@@ -1,7 +1,11 @@
 """A small CNN with BatchNorm, as a Flax NNX model and its PyTorch twin.
 
-Blocks ``Conv2d(3x3, padding 1) -> BatchNorm -> ReLU -> pool(2x2)`` (max or average, the
-same in both), then global average pooling and a linear ``head``. The JAX model takes
+Blocks ``Conv2d(3x3, padding 1, no bias) -> BatchNorm -> ReLU -> pool(2x2)`` (max or
+average, the same in both), then global average pooling and a linear ``head``. The
+convolutions have no bias, as usual before BatchNorm: in train mode BatchNorm subtracts
+it again, so its gradient is zero up to rounding, and Adam (which divides by the
+gradient's root mean square) would turn that rounding noise into full-size steps that
+differ between the frameworks. The JAX model takes
 NHWC images, the twin NCHW; :func:`remat.crosscheck.compare_gradients` transposes for you.
 
 BatchNorm follows PyTorch exactly (:class:`BatchNorm`): batch statistics in train mode,
@@ -29,6 +33,7 @@ from flax import nnx
 
 import remat
 from models._settings import RematSettings, jax_block, torch_block
+from models._twin import build_pair
 
 CHECKPOINT_NAMES = ("conv_out",)
 BN_EPS = 1e-5
@@ -81,7 +86,7 @@ class ConvBlock(nnx.Module):
     """``pool(relu(bn(conv(x))))`` on NHWC input; the convolution output is tagged."""
 
     def __init__(self, cin: int, cout: int, pool: str, momentum: float, *, rngs: nnx.Rngs):
-        self.conv = nnx.Conv(cin, cout, kernel_size=(3, 3), padding=((1, 1), (1, 1)), rngs=rngs)
+        self.conv = nnx.Conv(cin, cout, kernel_size=(3, 3), padding=((1, 1), (1, 1)), use_bias=False, rngs=rngs)
         self.bn = BatchNorm(cout, momentum=momentum, epsilon=BN_EPS, rngs=rngs)
         self.pool = pool
 
@@ -118,7 +123,7 @@ def torch_classes() -> Any:
     class TorchConvBlock(nn.Module):
         def __init__(self, cin: int, cout: int, pool: str, momentum: float):
             super().__init__()
-            self.conv = nn.Conv2d(cin, cout, kernel_size=3, padding=1)
+            self.conv = nn.Conv2d(cin, cout, kernel_size=3, padding=1, bias=False)
             self.bn = nn.BatchNorm2d(cout, eps=BN_EPS, momentum=1 - momentum)
             self.pool = pool
 
@@ -172,13 +177,6 @@ def build(config: CNNConfig | None = None, seed: int = 0) -> tuple[Any, Any, tup
     Returns:
       The NNX model, its PyTorch twin and a tuple with one NCHW NumPy image batch.
     """
-    import torch
-
-    from remat.crosscheck import load_torch_state
-
     config = config if config is not None else CNNConfig()
-    torch.manual_seed(seed)
-    torch_model = make_torch_model(config)
-    jax_model = CNN(config, rngs=nnx.Rngs(seed))
-    load_torch_state(jax_model, torch_model)
+    jax_model, torch_model = build_pair(CNN, make_torch_model, config, seed)
     return jax_model, torch_model, example_inputs(config, seed)

@@ -21,6 +21,7 @@ from flax import nnx
 
 import remat
 from models._settings import RematSettings, jax_block, torch_block
+from models._twin import build_pair
 
 #: Names this model tags with ``remat.checkpoint_name`` (the ``"names"`` policy saves them).
 CHECKPOINT_NAMES = ("mlp_hidden",)
@@ -138,13 +139,6 @@ def build(config: MLPConfig | None = None, seed: int = 0) -> tuple[Any, Any, tup
     Returns:
       The NNX model, its PyTorch twin and a tuple of NumPy inputs in PyTorch's layout.
     """
-    import torch
-
-    from remat.crosscheck import load_torch_state
-
     config = config if config is not None else MLPConfig()
-    torch.manual_seed(seed)
-    torch_model = make_torch_model(config)
-    jax_model = MLP(config, rngs=nnx.Rngs(seed))
-    load_torch_state(jax_model, torch_model)
+    jax_model, torch_model = build_pair(MLP, make_torch_model, config, seed)
     return jax_model, torch_model, example_inputs(config, seed)

@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 
 from models._settings import RematSettings, jax_block, torch_block
+from models._twin import build_pair
 
 
 @dataclass(frozen=True)
@@ -141,16 +142,9 @@ def build(config: ModelConfig | MyModelConfig | None = None, seed: int = 0) -> t
     Example:
       >>> jm, tm, (x,) = build(MyModelConfig(size=16))  # doctest: +SKIP
     """
-    import torch
-
-    from remat.crosscheck import load_torch_state
-
     config = config if config is not None else ModelConfig()
-    torch.manual_seed(seed)
-    torch_model = make_torch_model(config)
     cls = Model if isinstance(config, ModelConfig) else MyModel
-    jax_model = cls(config, rngs=nnx.Rngs(seed))
-    load_torch_state(jax_model, torch_model)
+    jax_model, torch_model = build_pair(cls, make_torch_model, config, seed)
     return jax_model, torch_model, example_inputs(config, seed)
 
 

@@ -28,6 +28,7 @@ from flax import nnx
 
 import remat
 from models._settings import RematSettings, jax_block, torch_block
+from models._twin import build_pair
 
 CHECKPOINT_NAMES = ("attn_out", "mlp_hidden")
 LN_EPS = 1e-5  # torch.nn.LayerNorm's default (Flax's is 1e-6)
@@ -240,13 +241,6 @@ def build(config: TransformerConfig | None = None, seed: int = 0) -> tuple[Any, 
     Returns:
       The NNX model, its PyTorch twin and a tuple of NumPy inputs (token ids).
     """
-    import torch
-
-    from remat.crosscheck import load_torch_state
-
     config = config if config is not None else TransformerConfig()
-    torch.manual_seed(seed)
-    torch_model = make_torch_model(config)
-    jax_model = Transformer(config, rngs=nnx.Rngs(seed))
-    load_torch_state(jax_model, torch_model)
+    jax_model, torch_model = build_pair(Transformer, make_torch_model, config, seed)
     return jax_model, torch_model, example_inputs(config, seed)

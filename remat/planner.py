@@ -145,7 +145,9 @@ def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any]) -> Call
 def count_regions(step_fn: Callable[..., Any], *args: Any) -> int:
     """How many checkpointed regions one trace of ``step_fn(*args)`` goes through."""
     with _region_policies(()) as seen:
-        jax.eval_shape(step_fn, *args)
+        # a fresh function each time: JAX caches traces per function, and a cached trace
+        # would not run the Python code whose regions are being counted
+        jax.eval_shape(lambda *a: step_fn(*a), *args)
     return seen[0]
 
 

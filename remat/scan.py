@@ -36,7 +36,6 @@ Example:
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 

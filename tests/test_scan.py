@@ -1,6 +1,8 @@
 """remat.scan: scan over layers equals the unrolled loop, and its memory behaves."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -121,7 +123,9 @@ def wide_params(depth):
 WIDE_X = jnp.ones((2048, 64))
 
 
-def scan_temp(depth, **kw):
+@functools.lru_cache(maxsize=None)  # several tests share the same compilations
+def scan_temp(depth, policy="nothing", nested=False):
+    kw = {"policy": policy, "nested": nested}
     loss = lambda p, x: jnp.sum(scan_layers(wide_layer, p, x, **kw) ** 2)  # noqa: E731
     return compiled_memory(loss, wide_params(depth), WIDE_X).temp_bytes
 

@@ -173,6 +173,7 @@ def test_checkpointing_saves_memory_after_import_remat():
     assert out["ckpt"] < 0.6 * out["none"], out
 
 
+@pytest.mark.slow
 def test_default_scheduler_defeats_checkpointing():
     # The root cause, pinned: without the flag XLA:CPU's BFS scheduler hoists the
     # recomputation into the forward pass and per-layer checkpointing saves ~nothing.

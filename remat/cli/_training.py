@@ -435,16 +435,33 @@ class Saver:
     def restore_state(self, step: int, abstract: list[Any], path: str, what: str) -> list[Any]:
         ocp = self.ocp
         target = {f"{i:05d}": a for i, a in enumerate(abstract)}
+        previous = _ignore_late_reads()
         try:
             with _silent_absl():
                 state = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))).state
+            sys.unraisablehook = previous
             return [state[k] for k in sorted(target)]
-        except Exception as e:
+        except Exception as e:  # the hook stays: reads still in flight report after this
             raise UsageError(f"--resume: the save {path} is damaged ({_one_line(e)}); {what}") from None
 
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def _ignore_late_reads() -> Callable[[Any], None]:
+    """After a failed restore, tensorstore's reads still in flight finish after orbax's event
+    loop closed and report ``RuntimeError('Event loop is closed')`` as unraisable: harmless,
+    and not something to show under a one-line error."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(unraisable.exc_value):
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = hook
+    return previous
 
 
 def _one_line(e: BaseException) -> str:
@@ -567,6 +584,7 @@ def main(args: argparse.Namespace) -> int:
     n_dev = len(devices)
 
     import jax
+    import optax
     from flax import nnx
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -630,17 +648,13 @@ def main(args: argparse.Namespace) -> int:
 
     def train_step(state: Any, inputs: tuple, targets: Any) -> tuple[Any, Any]:
         params, rest, opt_state = state
-
-        def objective(p: Any) -> tuple[Any, Any]:
-            model = nnx.merge(graphdef, p, rest)
-            loss = loss_of(model(*inputs), inputs, targets)
-            _, _, new_rest = nnx.split(model, nnx.Param, ...)
-            return loss, new_rest
-
-        (loss, new_rest), grads = jax.value_and_grad(objective, has_aux=True)(params)
+        model = nnx.merge(graphdef, params, rest)
+        # nnx.value_and_grad, not jax's: it lets checkpointed NNX regions (nnx.remat under
+        # remat.checkpoint) update BatchNorm statistics of a model merged inside this trace.
+        loss, grads = nnx.value_and_grad(lambda m: loss_of(m(*inputs), inputs, targets))(model)
+        _, _, new_rest = nnx.split(model, nnx.Param, ...)
         updates, opt_state = tx.update(grads, opt_state, params)
-        params = jax.tree.map(lambda p, u: p + u, params, updates)
-        return (params, new_rest, opt_state), loss
+        return (optax.apply_updates(params, updates), new_rest, opt_state), loss
 
     step_fn = jax.jit(train_step, in_shardings=(replicated, sharded, sharded),
                       out_shardings=(replicated, replicated), donate_argnums=(0,))

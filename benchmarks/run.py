@@ -1,0 +1,366 @@
+"""``python -m benchmarks.run [--quick] [--out DIR]``: remat vs torch.utils.checkpoint.
+
+Measures the MLP and the transformer of :mod:`models` at several depths (``--quick``:
+4, 8 and 16 layers; default: up to 32), in JAX (``none``, ``nothing``, ``dots``,
+``dots_no_batch``, ``names``, ``scan``, ``scan_nested``, ``sequential``) and PyTorch
+(``none``, ``nothing``, ``sequential``), and writes to ``--out``:
+
+* ``results.json``: ``{"meta": ..., "rows": [...], "ratios": [...], "flag_effect": [...],
+  "targets": [...]}``; every row a flat object with ``framework``, ``model``, ``depth``,
+  ``variant``, ``saved_bytes``, ``temp_bytes``, ``peak_rss_bytes``, ``step_ms``,
+  ``overhead`` (and a few extra fields, see :func:`benchmarks.measure.measure_model`);
+* ``results.md``: the tables, the JAX/PyTorch ratios, ``flag_effect`` and the targets;
+* ``memory_vs_time.png``.
+
+How it runs: every (model, depth) is measured in a fresh worker process
+(``python -m benchmarks.measure``) holding all variants of both frameworks. Up to
+``--jobs`` workers build and compile at the same time (compilation dominates the run
+time), but only one at a time runs its timed part: the runner pauses every other worker
+(SIGSTOP) until it is done, so timings never share the CPU with our own compilation.
+The XLA-flag probe runs the JAX ``none`` step in two processes, one with remat's flag and
+one with ``REMAT_KEEP_XLA_FLAGS=1``, timed in alternating rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from benchmarks.measure import MODELS, NAMES_POLICY, SIZES, Sizes
+from benchmarks import report
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE_ROUNDS = 3
+
+
+class WorkerFailed(RuntimeError):
+    pass
+
+
+class Worker:
+    """One ``python -m benchmarks.measure`` process and its stdout lines."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path,
+                 events: queue.Queue, kind: str, meta: dict[str, Any]):
+        self.name, self.kind, self.meta = name, kind, meta
+        self.log_path = log_dir / f"{name}.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.measure", *args], cwd=ROOT, env=env, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, bufsize=1,
+        )
+        self.ready = False
+        self.stopped = False
+        self.started = time.perf_counter()
+        self._events = events
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._events.put((self, line.rstrip("\n")))
+        self._events.put((self, None))
+
+    def send(self, cmd: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+
+    def pause(self) -> None:
+        if not self.stopped and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+            self.stopped = True
+
+    def resume(self) -> None:
+        if self.stopped and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+        self.stopped = False
+
+    def close(self) -> None:
+        self.resume()
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+    def log_tail(self, n: int = 5) -> str:
+        try:
+            lines = self.log_path.read_text().strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(lines[-n:])
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def worker_env(flag: bool = True) -> dict[str, str]:
+    """The workers' environment: remat's XLA flag on (or opted out), mmap'd big buffers."""
+    from remat._xla_flags import CPU_REMAT_FLAG, OPT_OUT_ENV
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    # Big buffers via mmap, returned to the kernel on free: RSS then tracks live bytes.
+    env["MALLOC_MMAP_THRESHOLD_"] = "131072"
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_cpu_enable_concurrency_optimized_scheduler" not in f]
+    if flag:
+        env.pop(OPT_OUT_ENV, None)
+        env["XLA_FLAGS"] = " ".join(flags)  # `import remat` in the worker appends the flag
+    else:
+        env[OPT_OUT_ENV] = "1"
+        env["XLA_FLAGS"] = " ".join(flags)
+    if not env["XLA_FLAGS"]:
+        del env["XLA_FLAGS"]
+    assert CPU_REMAT_FLAG.startswith("--")
+    return env
+
+
+class Runner:
+    """Schedules workers: ``jobs`` preparing at once, one timing at a time."""
+
+    def __init__(self, out: Path, jobs: int, log=print, timeout_s: float = 1800.0):
+        self.out, self.jobs, self.log, self.timeout_s = out, max(1, jobs), log, timeout_s
+        self.log_dir = out / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.events: queue.Queue = queue.Queue()
+        self.failures: list[str] = []
+
+    def run(self, tasks: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Any]]:
+        """``tasks``: ``{"name", "args", "env", "kind": "measure"|"probe", "group"?}``.
+
+        Probe tasks sharing a ``group`` are granted together (alternating rounds).
+        Returns ``(task, BENCH_RESULT payload)`` for each task that succeeded.
+        """
+        pending = deque(tasks)
+        active: list[Worker] = []
+        results: list[tuple[dict[str, Any], Any]] = []
+        deferred: deque = deque()
+
+        def start() -> None:
+            while pending and len(active) < self.jobs:
+                first = pending.popleft()
+                batch = [first]
+                if first.get("group") is not None:  # a probe pair starts together
+                    batch += [t for t in pending if t.get("group") == first["group"]]
+                    for t in batch[1:]:
+                        pending.remove(t)
+                for t in batch:
+                    w = Worker(t["name"], t["args"], t["env"], self.log_dir, self.events, t["kind"], t)
+                    active.append(w)
+                    self.log(f"[{time.strftime('%H:%M:%S')}] start {w.name}")
+
+        def next_event(timeout: float) -> tuple[Worker, str | None]:
+            if deferred:
+                return deferred.popleft()
+            return self.events.get(timeout=timeout)
+
+        def fail(w: Worker, why: str) -> None:
+            msg = f"{w.name}: {why}; log: {w.log_tail()}"
+            self.failures.append(msg)
+            self.log("FAILED " + msg)
+            if w in active:
+                active.remove(w)
+            w.close()
+
+        def exclusive(group: list[Worker]) -> None:
+            """Pauses every other worker and runs the timed part of ``group``."""
+            others = [o for o in active if o not in group]
+            for o in others:
+                o.pause()
+            try:
+                if group[0].kind == "measure":
+                    (w,) = group
+                    w.send("GO")
+                    payload = self._await(w, "BENCH_RESULT", deferred)
+                    results.append((w.meta, payload))
+                else:
+                    for _ in range(PROBE_ROUNDS):
+                        for w in group:
+                            w.send("GO")
+                            self._await(w, "BENCH_ROUND", deferred)
+                    for w in group:
+                        w.send("DONE")
+                        results.append((w.meta, self._await(w, "BENCH_RESULT", deferred)))
+                for w in group:
+                    self.log(f"[{time.strftime('%H:%M:%S')}] done {w.name} "
+                             f"({time.perf_counter() - w.started:.0f}s)")
+            except WorkerFailed as e:
+                self.failures.append(str(e))
+                self.log("FAILED " + str(e))
+            finally:
+                for w in group:
+                    if w in active:
+                        active.remove(w)
+                    w.close()
+                for o in others:
+                    o.resume()
+
+        start()
+        while active or pending:
+            start()
+            try:
+                w, line = next_event(timeout=self.timeout_s)
+            except queue.Empty:
+                for w in list(active):
+                    fail(w, f"no output for {self.timeout_s:.0f}s")
+                continue
+            if w not in active:
+                continue
+            if line is None:
+                fail(w, f"exited with code {w.proc.wait()} before it was ready")
+                continue
+            if not line.startswith("BENCH_READY"):
+                continue
+            w.ready = True
+            if w.kind == "probe":
+                group = [o for o in active if o.meta.get("group") == w.meta.get("group")]
+                if not all(o.ready for o in group):
+                    continue  # the partner (started together) is still compiling
+            else:
+                group = [w]
+            exclusive(group)
+        return results
+
+    def _await(self, w: Worker, prefix: str, deferred: deque) -> Any:
+        while True:
+            try:
+                ev_w, line = self.events.get(timeout=self.timeout_s)
+            except queue.Empty:
+                raise WorkerFailed(f"{w.name}: no {prefix} within {self.timeout_s:.0f}s; log: {w.log_tail()}") from None
+            if ev_w is not w:
+                deferred.append((ev_w, line))
+                continue
+            if line is None:
+                raise WorkerFailed(f"{w.name}: exited with code {w.proc.wait()}; log: {w.log_tail()}")
+            if line.startswith(prefix):
+                body = line[len(prefix):].strip()
+                return json.loads(body) if body else None
+
+
+def plan(sizes: Sizes, models: tuple[str, ...], depths: tuple[int, ...], probe: bool,
+         steps: int | None) -> list[dict[str, Any]]:
+    """Worker tasks, most expensive first (the transformer's deepest compiles longest)."""
+    common = ["--sizes", sizes.name] + (["--steps", str(steps)] if steps else [])
+    tasks = []
+    measure = sorted(((m, d) for m in models for d in depths),
+                     key=lambda md: (-(md[1] * (3 if md[0] == "transformer" else 1)), md[0]))
+    for m, d in measure:
+        tasks.append({"name": f"{m}-{d}", "kind": "measure", "model": m, "depth": d,
+                      "args": ["--model", m, "--depth", str(d), *common], "env": worker_env(True)})
+    if probe:
+        pd = sizes.probe_depth or max(depths)
+        probes = []
+        for m in models:
+            for flag in (True, False):
+                probes.append({
+                    "name": f"probe-{m}-{pd}-{'flag' if flag else 'noflag'}", "kind": "probe", "model": m,
+                    "depth": pd, "flag": flag, "group": f"probe-{m}",
+                    "args": ["--model", m, "--depth", str(pd), "--probe-none", *common], "env": worker_env(flag),
+                })
+        # after the heaviest measurement, so the pair compiles while others wait
+        tasks[1:1] = probes[:2]
+        tasks.extend(probes[2:])
+    return tasks
+
+
+def run_benchmark(sizes: Sizes, out: str | os.PathLike, *, models: tuple[str, ...] = MODELS,
+                  depths: tuple[int, ...] | None = None, probe: bool = True, jobs: int = 2,
+                  steps: int | None = None, log=print) -> dict[str, Any]:
+    """Runs everything and writes ``results.json``, ``results.md`` and ``memory_vs_time.png``.
+
+    Returns the ``results.json`` content.
+    """
+    t0 = time.perf_counter()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    depths = tuple(depths or sizes.depths)
+    loadavg = _loadavg()
+    runner = Runner(out, jobs, log=log)
+    results = runner.run(plan(sizes, models, depths, probe, steps))
+    rows: list[dict[str, Any]] = []
+    probes: list[dict[str, Any]] = []
+    info: dict[str, Any] = {}
+    for task, payload in results:
+        if task["kind"] == "measure":
+            rows.extend(payload["result"])
+            info = info or payload["info"]
+        else:
+            p = dict(payload["result"])
+            p["flag"] = task["flag"]
+            p["xla_flags"] = payload["info"]["xla_flags"]
+            p["remat_flag_set"] = payload["info"]["remat_flag_set"]
+            probes.append(p)
+    rows.sort(key=lambda r: (r["model"], r["depth"], r["framework"], r["variant"]))
+    report.add_overheads(rows)
+    notes = [
+        "peak_rss_bytes is the increase of peak RSS during one step in a fresh per-(model, depth) "
+        "process (not a fresh process per variant); all variants of that (model, depth) live in it.",
+        "The PyTorch models are the twins of models/ with identical weights; torch checkpoints "
+        "use preserve_rng_state=True (the default).",
+        "Timings on a shared machine: see load average above; ratios come from interleaved rounds.",
+    ]
+    meta = {
+        "sizes": sizes.name, "depths": list(depths), "models": list(models), "steps": steps or sizes.steps,
+        "jobs": jobs, "loadavg": loadavg, "wall_s": round(time.perf_counter() - t0, 1),
+        "model_sizes": {m: sizes.model_kwargs(m) for m in models},
+        "names_policy": {m: list(NAMES_POLICY[m]) for m in models},
+        "failures": runner.failures, "notes": notes, **info,
+    }
+    md = report.markdown(rows, probes, meta)
+    data = {
+        "meta": meta, "rows": rows, "ratios": report.jax_torch_ratios(rows),
+        "flag_effect": report.flag_effect(probes), "flag_probes": probes, "targets": report.targets(rows),
+    }
+    (out / "results.json").write_text(json.dumps(data, indent=1))
+    (out / "results.md").write_text(md)
+    report.plot(rows, out / "memory_vs_time.png")
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="4, 8 and 16 layers, small sizes (< 5 min)")
+    ap.add_argument("--tiny", action="store_true", help="tiny sizes, depths 2 and 4 (tests, smoke runs)")
+    ap.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated: mlp,transformer")
+    ap.add_argument("--depths", default=None, help="comma-separated depths (default: by size preset)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per variant (>= 5)")
+    ap.add_argument("--jobs", type=int, default=2, help="workers compiling at once (timing is exclusive)")
+    ap.add_argument("--no-flag-probe", action="store_true", help="skip the flag_effect probe")
+    args = ap.parse_args(argv)
+    sizes = SIZES["tiny" if args.tiny else "quick" if args.quick else "full"]
+    models = tuple(m for m in args.models.split(",") if m)
+    for m in models:
+        if m not in MODELS:
+            ap.error(f"unknown model {m!r}; use {', '.join(MODELS)}")
+    depths = tuple(int(d) for d in args.depths.split(",")) if args.depths else None
+    if args.steps is not None and args.steps < 1:
+        ap.error("--steps must be at least 1")
+    data = run_benchmark(sizes, args.out, models=models, depths=depths, probe=not args.no_flag_probe,
+                         jobs=args.jobs, steps=args.steps, log=lambda s: print(s, flush=True))
+    print((Path(args.out) / "results.md").read_text())
+    return 1 if data["meta"]["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

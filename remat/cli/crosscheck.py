@@ -1,0 +1,147 @@
+"""``remat crosscheck``: gradients (and a short training run) of a Flax model against its PyTorch twin.
+
+Builds a built-in reference model (``seed-model``, ``seed-mymodel``, ``mlp``,
+``transformer``, ``cnn``) or a user factory ``path/to/file.py:factory`` returning
+``(jax_model, torch_model, example_inputs)`` (optionally a 4th element: training
+targets), loads the twin's weights into the JAX model, applies the remat policy in both
+and compares outputs and gradients (:func:`remat.crosscheck.compare_gradients`); with
+``--steps N`` also ``N`` optimizer steps (:func:`remat.crosscheck.compare_training`).
+
+A factory that accepts a ``remat=`` keyword gets a :class:`models.RematSettings` and places
+the checkpoints itself; any other factory's models are checkpointed as a whole.
+Exit codes: 0 all within tolerance, 1 something out of tolerance, 2 bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+from typing import Any
+
+from remat.cli._common import EXIT_CHECK_FAILED, EXIT_OK, UsageError, print_json, print_table
+
+HELP = "compare gradients and training of a Flax model against its PyTorch twin"
+EXAMPLE = "remat crosscheck transformer --policy dots --dtype float64 --steps 3"
+
+# Kept here (not imported) so that configure() imports nothing heavy; the tests check
+# they agree with remat.policies.NAMED_POLICIES and remat.crosscheck.OPTIMIZERS.
+POLICIES = ("nothing", "everything", "dots", "dots_no_batch", "names", "none")
+OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL",
+                        help="a built-in model (seed-model, seed-mymodel, mlp, transformer, cnn) "
+                             "or path/to/file.py:factory")
+    parser.add_argument("--policy", default="nothing", choices=POLICIES,
+                        help="remat policy in every block ('names': the model's tagged names; "
+                             "'none': no checkpointing). Default: nothing (PyTorch's behaviour)")
+    parser.add_argument("--blocks", default="all",
+                        help="which blocks to checkpoint: 'all' or indices like 0,2 (built-in models)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    parser.add_argument("--steps", type=int, default=0, help="also train N steps and compare (default 0)")
+    parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    parser.add_argument("--lr", type=float, default=1e-2, help="learning rate for --steps (default 0.01)")
+    parser.add_argument("--mode", default="auto", choices=("auto", "train", "eval", "both"),
+                        help="train/eval mode (auto: both when the model has BatchNorm or Dropout)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rtol", type=float, default=None, help="override the dtype's default rtol")
+    parser.add_argument("--atol", type=float, default=None, help="override the dtype's default atol")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+
+
+def _blocks(text: str) -> Any:
+    if text in ("all", "none"):
+        return text
+    try:
+        return frozenset(int(i) for i in text.split(",") if i.strip())
+    except ValueError:
+        raise UsageError(f"--blocks {text!r}: use 'all', 'none' or comma-separated indices like 0,2") from None
+
+
+def _is_factory_spec(model: str) -> bool:
+    return ":" in model or model.endswith(".py")
+
+
+def _load(args: argparse.Namespace, settings: Any) -> tuple[Any, Any, tuple, Any, Any, str]:
+    """``(jax_model, torch_model, inputs, targets, whole_model_checkpoint, remat_label)``."""
+    from models import MODELS, load_factory
+
+    if not _is_factory_spec(args.model):
+        if args.model not in MODELS:
+            raise UsageError(f"unknown model {args.model!r}; choose one of {', '.join(MODELS)} "
+                             "or give path/to/file.py:factory")
+        entry = MODELS[args.model]
+        config = entry.make_config(settings)
+        jax_model, torch_model, inputs = entry.factory(config, args.seed)
+        return jax_model, torch_model, inputs, entry.example_targets(config, args.seed), False, settings.label
+    try:
+        factory = load_factory(args.model)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:
+        takes_remat = "remat" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        takes_remat = False
+    result = factory(remat=settings) if takes_remat else factory()
+    if not isinstance(result, tuple) or len(result) not in (3, 4):
+        raise UsageError(f"{args.model} must return (jax_model, torch_model, example_inputs[, targets]), "
+                         f"got {type(result).__name__}")
+    jax_model, torch_model, inputs = result[:3]
+    targets = result[3] if len(result) == 4 else None
+    if takes_remat:
+        return jax_model, torch_model, inputs, targets, False, settings.label + " (placed by the factory)"
+    if args.policy == "none":
+        return jax_model, torch_model, inputs, targets, False, "no checkpoint"
+    policy = settings.jax_policy(tuple(getattr(jax_model, "checkpoint_names", ())))
+    return (jax_model, torch_model, inputs, targets, True if policy is None else policy,
+            f"whole model, policy={args.policy}")
+
+
+def _rows(rows: list[Any]) -> list[list[Any]]:
+    return [[r.mode, r.kind, r.name, "x".join(map(str, r.shape)) or "scalar", f"{r.max_abs:.2e}",
+             f"{r.max_rel:.2e}", "ok" if r.ok else "FAIL"] for r in rows]
+
+
+COLUMNS = ["mode", "kind", "name", "shape", "max abs err", "max rel err", "ok"]
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise UsageError("remat crosscheck needs PyTorch: pip install 'remat[torch]'") from None
+    if args.steps < 0:
+        raise UsageError(f"--steps {args.steps}: use 0 (no training) or a positive number of steps")
+    from models import RematSettings
+    from remat import crosscheck
+
+    settings = RematSettings.none() if args.policy == "none" else RematSettings(_blocks(args.blocks), args.policy)
+    jax_model, torch_model, inputs, targets, whole, label = _load(args, settings)
+    mode = None if args.mode == "auto" else (("train", "eval") if args.mode == "both" else args.mode)
+    grads = crosscheck.compare_gradients(jax_model, torch_model, inputs, dtype=args.dtype, mode=mode,
+                                         checkpoint=whole, rtol=args.rtol, atol=args.atol)
+    training = None
+    if args.steps:
+        train_mode = "eval" if args.mode == "eval" else "train"
+        training = crosscheck.compare_training(
+            jax_model, torch_model, inputs, targets, optimizer=args.optimizer, lr=args.lr, steps=args.steps,
+            dtype=args.dtype, mode=train_mode, checkpoint=whole)
+    ok = grads.ok and (training is None or training.ok)
+    if args.json:
+        print_json({"model": args.model, "policy": args.policy, "remat": label, "dtype": args.dtype, "ok": ok,
+                    "gradients": grads.to_dict(), "training": training.to_dict() if training else None})
+        return EXIT_OK if ok else EXIT_CHECK_FAILED
+    verdict = "ok" if grads.ok else f"FAILED ({len(grads.failures)} out of tolerance)"
+    print_table(f"{args.model}: gradients vs PyTorch, {label}, {args.dtype} "
+                f"(pass: max abs err <= {grads.atol:g} + {grads.rtol:g} * max|torch|): {verdict}",
+                COLUMNS, _rows(grads.rows))
+    if training is not None:
+        verdict = "ok" if training.ok else f"FAILED ({len(training.failures)} out of tolerance)"
+        print_table(f"{args.model}: {args.optimizer}, {args.steps} steps, {training.mode} mode, loss curves",
+                    ["step", "jax loss", "torch loss"],
+                    [[i, f"{a:.10g}", f"{b:.10g}"] for i, (a, b) in
+                     enumerate(zip(training.jax_losses, training.torch_losses))])
+        print_table(f"{args.model}: after training (pass: max abs err <= {training.atol:g} + "
+                    f"{training.rtol:g} * max|torch|): {verdict}", COLUMNS, _rows(training.rows))
+    print(f"{'PASS' if ok else 'FAIL'}: {args.model}, {label}, {args.dtype}")
+    return EXIT_OK if ok else EXIT_CHECK_FAILED

@@ -1,0 +1,73 @@
+"""remat.plan: re-deciding every region of a step, within a compiled-memory budget."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import remat
+from remat.planner import NONE, apply_policies, count_regions, plan
+from remat.memory import saved_residuals
+
+D, B, L = 32, 16, 4
+
+
+def block(w, x):
+    return x + jnp.tanh(jax.nn.gelu(x @ w[0]) @ w[1])
+
+
+def loss(ws, x):
+    for w in ws:
+        x = remat.checkpoint(block, w, x)
+    return (x**2).mean()
+
+
+WS = [jnp.stack([jnp.eye(D) * 0.3 + 0.01 * i] * 2) for i in range(L)]
+X = jnp.linspace(-1, 1, B * D).reshape(B, D)
+
+
+def test_count_regions_and_apply_policies_change_what_is_kept():
+    assert count_regions(loss, WS, X) == L
+    everything = saved_residuals(apply_policies(loss, ["everything"] * L), WS, X).residual_bytes
+    nothing = saved_residuals(apply_policies(loss, ["nothing"] * L), WS, X).residual_bytes
+    plain = saved_residuals(apply_policies(loss, [NONE] * L), WS, X).residual_bytes
+    assert nothing < everything and nothing < plain
+    mixed = saved_residuals(apply_policies(loss, ["nothing"] * 2 + [NONE] * 2), WS, X).residual_bytes
+    assert nothing < mixed < plain
+
+
+def test_apply_policies_keeps_gradients():
+    g0 = jax.grad(lambda ws: loss(ws, X))(WS)
+    for specs in (["nothing"] * L, [NONE] * L, ["dots", NONE, remat.policies.budget(0.5), "nothing"]):
+        g = jax.grad(lambda ws: apply_policies(loss, specs)(ws, X))(WS)
+        for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g0)):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_plan_fits_or_says_why_and_gradients_match():
+    p = plan(loss, WS, X, budget=1.0, repeat=2, budget_fractions=(0.5,))
+    assert p.feasible and p.chosen.temp_bytes <= p.limit_bytes
+    assert p.chosen.measured_ms == min(c.measured_ms for c in p.candidates if c.fits)
+    labels = {c.label for c in p.candidates}
+    assert {"no checkpoint", "all: nothing", "all: dots", "all: budget(0.5)"} <= labels
+    g = jax.grad(lambda ws: p.apply(loss)(ws, X))(WS)
+    g0 = jax.grad(lambda ws: loss(ws, X))(WS)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g0)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    tiny = plan(loss, WS, X, budget=1e-6, measure=False, budget_fractions=())
+    assert not tiny.feasible and tiny.chosen is None
+    assert tiny.minimum_bytes == min(c.temp_bytes for c in tiny.candidates)
+    with pytest.raises(ValueError, match="cannot be met"):
+        tiny.apply(loss)
+    assert "cannot be met" in str(tiny)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_plan_rejects_bad_budgets(bad):
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        plan(loss, WS, X, budget=bad)
+
+
+def test_plan_needs_a_checkpointed_region():
+    with pytest.raises(ValueError, match="no remat.checkpoint region"):
+        plan(lambda x: (x**2).sum(), X, budget=0.5)
