@@ -30,6 +30,16 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "checkpoint_name": ("jax.ad_checkpoint", "checkpoint_name"),
     "CheckpointPolicy": ("remat.policies", "CheckpointPolicy"),
     "policies": ("remat.policies", None),
+    "memory": ("remat.memory", None),
+    "scan": ("remat.scan", None),
+    "saved_residuals": ("remat.memory", "saved_residuals"),
+    "compiled_memory": ("remat.memory", "compiled_memory"),
+    "compare_policies": ("remat.memory", "compare_policies"),
+    "peak_rss_bytes": ("remat.memory", "peak_rss_bytes"),
+    "scan_layers": ("remat.scan", "scan_layers"),
+    "stack_nnx_layers": ("remat.scan", "stack_nnx_layers"),
+    "scan_nnx_layers": ("remat.scan", "scan_nnx_layers"),
+    "plan": ("remat.planner", "plan"),
 }
 
 __all__ = sorted(_EXPORTS)
@@ -37,7 +47,10 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from jax.ad_checkpoint import checkpoint_name
 
-    from remat import policies
+    from remat import memory, policies, scan
+    from remat.memory import compare_policies, compiled_memory, peak_rss_bytes, saved_residuals
+    from remat.planner import plan
+    from remat.scan import scan_layers, scan_nnx_layers, stack_nnx_layers
     from remat._checkpoint import checkpoint
     from remat.policies import CheckpointPolicy
     from remat.sequential import checkpoint_sequential

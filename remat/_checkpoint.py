@@ -136,6 +136,8 @@ def checkpoint(
     Arguments that are not arrays (strings, ``None``, bools, callables, containers of
     them) pass through untraced, so they may drive Python control flow; use
     ``static_argnums`` for array-like values that must be static. Outputs may be any pytree.
+    The arguments bound by a ``functools.partial`` count as call arguments (so
+    ``checkpoint(partial(self.block, mask=m), x)`` works for Flax modules too).
 
     Args:
       function: the callable, NNX module/method, bound Linen module/method or Linen class.
@@ -245,6 +247,16 @@ def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwa
             f"static_argnums={opts.static_argnums} names a position beyond the "
             f"{len(args)} positional argument(s) given"
         )
+    while isinstance(function, functools.partial):
+        # partial(self.block, mask=m): its arguments are call arguments like any other (traced
+        # when arrays), so the module behind .func is found and lifted as without partial
+        bound_args = function.args
+        args, kwargs = bound_args + tuple(args), {**function.keywords, **kwargs}
+        function = function.func
+        if opts.static_argnums and bound_args:
+            opts = dataclasses.replace(
+                opts, static_argnums=tuple(i + len(bound_args) for i in opts.static_argnums)
+            )
     linen_module = _flax.linen_owner(function, args)
     if linen_module is not None:
         if isinstance(opts.policy, Budget):

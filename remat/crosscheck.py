@@ -562,7 +562,7 @@ class Row:
     """One compared tensor: its kind, name, shape, errors and verdict."""
 
     mode: str
-    kind: str  # "output", "param", "input", "buffer", "loss"
+    kind: str  # "weight" (before), "output", "param" (gradient), "input", "buffer", "loss"
     name: str
     shape: tuple[int, ...]
     max_abs: float
@@ -614,8 +614,11 @@ def _jax_arrays(xs: tuple[np.ndarray, ...], dtype: str, channels_last: bool) -> 
             for a in xs]
 
 
-def _param_rows(mode: str, kind: str, jax_vars: dict[str, tuple[tuple, Any]], torch_values: dict[str, Any],
-                rtol: float, atol: float) -> list[Row]:
+def _param_rows(mode: str, kind: str, jax_vars: dict[str, tuple[tuple, Any]], torch_values: Mapping[str, Any],
+                rtol: float, atol: float, rename: Any = None) -> list[Row]:
+    rename_fn = _renamer(rename)
+    torch_values = {new: v for k, v in torch_values.items()
+                    if k.rsplit(".", 1)[-1] not in _IGNORED_TORCH and (new := rename_fn(k)) is not None}
     rows = []
     for name in sorted(set(jax_vars) | set(torch_values)):
         if name not in torch_values or name not in jax_vars:
@@ -644,8 +647,8 @@ class GradientReport:
     """Per-tensor comparison of a JAX model against its PyTorch twin.
 
     Attributes:
-      rows: one :class:`Row` per output, parameter gradient, input gradient and running
-        statistic, per mode.
+      rows: one :class:`Row` per starting weight (mode ``"init"``, kind ``"weight"``), and
+        per mode one per output, parameter gradient, input gradient and running statistic.
       dtype: ``"float32"`` or ``"float64"``.
       rtol, atol: the tolerances used.
     """
@@ -698,6 +701,7 @@ def compare_gradients(
     mode: str | Sequence[str] | None = None,
     layout: str | None = None,
     checkpoint: Any = False,
+    rename: Mapping[str, str] | Callable[[str], str | None] | None = None,
 ) -> GradientReport:
     """Compares outputs and gradients of a JAX model and its PyTorch twin on the same inputs.
 
@@ -723,6 +727,7 @@ def compare_gradients(
       checkpoint: ``False`` (default) runs the models as they are; ``True`` or a policy
         (``"dots"``, a list of names, ...) wraps the whole JAX call in
         :func:`remat.checkpoint` and the torch call in ``torch.utils.checkpoint``.
+      rename: the ``rename=`` given to :func:`load_torch_state`, when the names differ.
 
     Returns:
       A :class:`GradientReport`; ``report.ok``, ``print(report)``, ``report.to_json()``.
@@ -738,6 +743,10 @@ def compare_gradients(
     channels_last = _channels_last(jax_model, layout)
     float_idx = [i for i, a in enumerate(xs) if _is_float(a)]
     rows: list[Row] = []
+    with _precision(dtype):  # the starting weights themselves: a bad conversion shows here first
+        start = {n: (p, v.get_value()) for n, (p, v) in _variables(_cast_jax_model(jax_model, dtype)).items()}
+        rows += _param_rows("init", "weight", start, _cast_torch_model(torch_model, dtype).state_dict(), rtol, atol,
+                           rename)
     for m in _modes(mode, torch_model):
         with _precision(dtype):
             jm = _cast_jax_model(jax_model, dtype)
@@ -779,9 +788,9 @@ def compare_gradients(
             # parameter gradients
             names = {n: (p, None) for n, (p, _) in _variables(jm).items()}
             flat = {tuple(p): v for p, v in nnx.to_flat_state(grads[0])}
-            jax_grads = {n: (p, np.asarray(flat[p][...] if hasattr(flat[p], "value") else flat[p]))
+            jax_grads = {n: (p, np.asarray(flat[p][...] if isinstance(flat[p], nnx.Variable) else flat[p]))
                          for n, (p, _) in names.items() if p in flat}
-            rows += _param_rows(m, "param", jax_grads, t_grads, rtol, atol)
+            rows += _param_rows(m, "param", jax_grads, t_grads, rtol, atol, rename)
             # input gradients
             for k, i in enumerate(float_idx):
                 t_g = txs[i].grad
@@ -790,7 +799,7 @@ def compare_gradients(
                 rows.append(_row(m, "input", f"input[{i}]", j_g, t_g, rtol, atol))
             # running statistics after the step
             if m == "train":
-                rows += _param_rows(m, "buffer", _jax_buffers(jm), _buffers(tm), rtol, atol)
+                rows += _param_rows(m, "buffer", _jax_buffers(jm), _buffers(tm), rtol, atol, rename)
     return GradientReport(rows, dtype, rtol, atol)
 
 
@@ -918,6 +927,7 @@ def compare_training(
     mode: str = "train",
     layout: str | None = None,
     checkpoint: Any = False,
+    rename: Mapping[str, str] | Callable[[str], str | None] | None = None,
     rtol: float | None = None,
     atol: float | None = None,
 ) -> TrainingReport:
@@ -938,7 +948,7 @@ def compare_training(
       dtype: ``"float32"`` or ``"float64"``.
       mode: ``"train"`` (BatchNorm on batch statistics, running statistics updated and
         compared) or ``"eval"`` (running statistics fixed).
-      layout, checkpoint: as for :func:`compare_gradients`.
+      layout, checkpoint, rename: as for :func:`compare_gradients`.
       rtol, atol: defaults from :data:`TRAINING_TOLERANCES`.
 
     Returns:
@@ -1001,9 +1011,9 @@ def compare_training(
         nnx.update((jm, opt), state)
         rows = [_row(mode, "loss", "loss curve", np.array(jax_losses), np.array(torch_losses), rtol, atol)]
         jax_params = {n: (p, v.get_value()) for n, (p, v) in _variables(jm).items() if isinstance(v, nnx.Param)}
-        rows += _param_rows(mode, "param", jax_params, dict(tm.named_parameters()), rtol, atol)
+        rows += _param_rows(mode, "param", jax_params, dict(tm.named_parameters()), rtol, atol, rename)
         if mode == "train":
-            rows += _param_rows(mode, "buffer", _jax_buffers(jm), _buffers(tm), rtol, atol)
+            rows += _param_rows(mode, "buffer", _jax_buffers(jm), _buffers(tm), rtol, atol, rename)
     return TrainingReport(optimizer, steps, mode, jax_losses, torch_losses, rows, dtype, rtol, atol)
 
 

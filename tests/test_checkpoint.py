@@ -178,7 +178,7 @@ def test_grad_of_grad(jit):
 def test_hessian():
     x = jnp.array([0.3, -0.5, 1.2])
     np.testing.assert_allclose(
-        jax.hessian(lambda x: checkpoint(_f1, x))(x), jax.hessian(_f1)(x), rtol=1e-5, atol=1e-6
+        jax.jit(jax.hessian(lambda x: checkpoint(_f1, x)))(x), jax.jit(jax.hessian(_f1))(x), rtol=1e-5, atol=1e-6
     )
 
 
@@ -412,3 +412,23 @@ def test_bad_input_under_grad_and_jit_is_still_clean():
         jax.jit(jax.grad(lambda x: checkpoint(_never_traced, x, policy="bogus")))(X)
     assert "unknown policy" in str(excinfo.value)
     assert type(excinfo.value) is ValueError
+
+
+def test_functools_partial_with_static_argnums():
+    import functools
+
+    def f(n, x, scale):
+        for _ in range(int(n)):
+            x = jnp.sin(x)
+        return jnp.sum(x * scale)
+
+    x = jnp.array([0.3, 0.9])
+    # static_argnums counts the partial's own call arguments (x is 0, scale is 1), as in jax.checkpoint
+    g = jax.jit(jax.grad(lambda x: checkpoint(functools.partial(f, 2), x, np.float32(3.0), static_argnums=(1,))))(x)
+    assert_trees_close(g, jax.grad(lambda x: f(2, x, 3.0))(x))
+    # a partial's arguments are call arguments: Python values pass through, arrays are traced
+    g2 = jax.grad(lambda x: checkpoint(functools.partial(f, 2, scale=jnp.float32(3.0)), x))(x)
+    assert_trees_close(g2, g)
+    gs = jax.grad(lambda s: checkpoint(functools.partial(f, 2, scale=s), x))(3.0)
+    np.testing.assert_allclose(gs, jnp.sum(jnp.sin(jnp.sin(x))), rtol=1e-6)
+    assert nonarg_residuals(lambda x: checkpoint(functools.partial(f, 2, scale=3.0), x), x) == []

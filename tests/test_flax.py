@@ -482,3 +482,53 @@ def test_linen_module_as_first_argument():
     g0 = jax.grad(lambda p: M().apply(p, X, False).sum())(p)
     assert_trees_close(g1, g0)
     assert remat_count(lambda p: M().apply(p, X), p) == 1
+
+
+# --- functools.partial ------------------------------------------------------------------------
+
+def test_nnx_partial_of_bound_method():
+    import functools
+
+    class M(nnx.Module):
+        def __init__(self, rngs, ck):
+            self.fc = nnx.Linear(4, 4, rngs=rngs)
+            self.bn = nnx.BatchNorm(4, rngs=rngs)
+            self.ck = ck
+
+        def body(self, x, scale):
+            return jnp.sin(self.bn(self.fc(x)) * scale)
+
+        def __call__(self, x):
+            f = functools.partial(self.body, scale=2.0)
+            return checkpoint(f, x) if self.ck else f(x)
+
+    m0, m1 = M(nnx.Rngs(0), False), M(nnx.Rngs(0), True)
+    g0 = nnx.grad(lambda m: jnp.sum(m(X) ** 2))(m0)
+    g1 = nnx.grad(lambda m: jnp.sum(m(X) ** 2))(m1)
+    assert_trees_close(g1, g0)
+    assert_trees_close(nnx.state(m1, nnx.BatchStat), nnx.state(m0, nnx.BatchStat))
+    gd, params, rest = nnx.split(m1, nnx.Param, ...)
+    assert remat_count(lambda p: jnp.sum(nnx.merge(gd, p, rest, copy=True)(X)), params) == 1
+
+
+def test_linen_partial_of_bound_method():
+    import functools
+
+    class M(nn.Module):
+        ck: bool = True
+
+        def setup(self):
+            self.fc = nn.Dense(4)
+
+        def body(self, x, scale):
+            return jnp.sin(self.fc(x)) * scale
+
+        def __call__(self, x):
+            f = functools.partial(self.body, scale=2.0)
+            return checkpoint(f, x) if self.ck else f(x)
+
+    p = M().init(jax.random.key(0), X)
+    g1 = jax.grad(lambda p: M().apply(p, X).sum())(p)
+    g0 = jax.grad(lambda p: M(ck=False).apply(p, X).sum())(p)
+    assert_trees_close(g1, g0)
+    assert remat_count(lambda p: M().apply(p, X), p) == 1

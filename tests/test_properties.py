@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from conftest import nonarg_residuals
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -93,6 +94,7 @@ def _assert_grads_equal(f_ck, f_plain, w, x):
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     steps=programs(),
@@ -149,7 +151,8 @@ def test_random_programs_whole_region_keeps_only_what_the_policy_says(steps, see
         assert len(kept) <= n_dots
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     ops=st.lists(st.sampled_from(OP_NAMES), min_size=1, max_size=7),
     data=st.data(),

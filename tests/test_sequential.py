@@ -133,13 +133,13 @@ def test_nnx_sequential(segments):
         return jnp.sum(model(x) ** 2)
 
     model = _nnx_seq()
-    g = nnx.grad(loss)(model, X, segments)
-    g0 = nnx.grad(loss_plain)(model, X)
-    assert_trees_close(g, g0)
+    g0 = nnx.jit(nnx.grad(loss_plain))(model, X)
     gj = nnx.jit(nnx.grad(loss), static_argnums=2)(model, X, segments)
     assert_trees_close(gj, g0)
+    if segments == 3:  # eager too (slow: op by op), once
+        assert_trees_close(nnx.grad(loss)(model, X, segments), g0)
     # layers as a plain list of NNX modules and functions
-    g_list = nnx.grad(lambda m, x: jnp.sum(checkpoint_sequential(list(m.layers), segments, x) ** 2))(model, X)
+    g_list = nnx.jit(nnx.grad(lambda m, x: jnp.sum(checkpoint_sequential(list(m.layers), segments, x) ** 2)))(model, X)
     assert_trees_close(g_list, g0)
 
     graphdef, state = nnx.split(model)
@@ -159,8 +159,8 @@ def test_nnx_sequential_with_dropout_and_batchnorm():
 
     x = jax.random.normal(jax.random.key(5), (6, 4))
     m0, m1 = make(), make()
-    g0 = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(m0)
-    g1 = nnx.grad(lambda m: jnp.sum(checkpoint_sequential(m, 3, x) ** 2))(m1)
+    g0 = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x) ** 2)))(m0)
+    g1 = nnx.jit(nnx.grad(lambda m: jnp.sum(checkpoint_sequential(m, 3, x) ** 2)))(m1)
     assert_trees_close(g1, g0)
     assert_trees_close(nnx.state(m1, nnx.BatchStat), nnx.state(m0, nnx.BatchStat))
     assert_trees_close(nnx.state(m1, nnx.RngState), nnx.state(m0, nnx.RngState))
@@ -249,7 +249,7 @@ def test_segment_bounds_equal_pytorch_at_run_time(monkeypatch):
     torch = pytest.importorskip("torch")
     import torch.utils.checkpoint as tuc
 
-    for n in range(1, 10):
+    for n in range(1, 8):
         for segments in range(1, n + 1):
             calls: list[int] = []
             chunks: list[list[int]] = []

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+FLAG = "--xla_disable_hlo_passes=cse_barrier_expander"
 
 
 def run_py(code: str, **env_overrides: str | None) -> dict:
@@ -63,9 +63,9 @@ def test_user_flags_are_kept_and_still_work():
 
 @pytest.mark.parametrize(
     "user", [
-        "--xla_cpu_enable_concurrency_optimized_scheduler=true",
-        "--xla_cpu_enable_concurrency_optimized_scheduler",
-        "--xla_force_host_platform_device_count=2 --xla_cpu_enable_concurrency_optimized_scheduler=1",
+        "--xla_disable_hlo_passes=some_other_pass",
+        "--xla_disable_hlo_passes",
+        "--xla_force_host_platform_device_count=2 --xla_disable_hlo_passes=a,b",
     ],
 )
 def test_users_explicit_setting_wins(user):
@@ -98,7 +98,7 @@ def test_function_outcomes_on_a_dict():
         results["again"] = xf.configure_cpu_for_remat(env)  # idempotent: never appended twice
         results["env"] = env["XLA_FLAGS"]
         results["similar"] = xf.configure_cpu_for_remat(
-            {"XLA_FLAGS": "--xla_cpu_enable_concurrency_optimized_scheduler_other=1"})
+            {"XLA_FLAGS": "--xla_disable_hlo_passes_other=1"})
         results["opt_out"] = xf.configure_cpu_for_remat({"REMAT_KEEP_XLA_FLAGS": "true"})
         results["opt_out_0"] = xf.configure_cpu_for_remat({"REMAT_KEEP_XLA_FLAGS": "0"})
         results["jax_imported"] = "jax" in sys.modules

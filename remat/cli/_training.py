@@ -229,9 +229,7 @@ def _config_fields(config: Any) -> dict[str, Any]:
 
 
 def builtin_task(name: str, args: argparse.Namespace) -> Task:
-    from flax import nnx
-
-    from models import MODELS, cnn, mlp, seed, transformer
+    from models import MODELS
 
     entry = MODELS[name]
     settings, label = remat_settings(args)
@@ -253,39 +251,58 @@ def builtin_task(name: str, args: argparse.Namespace) -> Task:
                              f"{entry.config.image_size} images allow at most "
                              f"{int(math.log2(entry.config.image_size))} blocks")
         overrides["channels"] = tuple(width * 2 ** i for i in range(depth))
+    text, chars = "", []
     if name == "transformer":
-        seq_len = args.seq_len or DEFAULT_SEQ_LEN
         text = load_corpus()
-        make, chars = char_batches(text, seq_len, batch, args.seed)
-        overrides.update(vocab=len(chars), seq_len=seq_len)
+        chars = sorted(set(text))
+        overrides.update(vocab=len(chars), seq_len=args.seq_len or DEFAULT_SEQ_LEN)
     try:
         config = entry.make_config(remat=settings, **overrides)
     except (TypeError, ValueError) as e:
         raise UsageError(f"{name}: {e}") from None
 
-    rngs = nnx.Rngs(args.seed)
+    from models import cnn, mlp, seed, transformer
+
     if name == "mlp":
-        model = mlp.MLP(config, rngs=rngs)
+        cls = mlp.MLP
         make = regression_batches(config.in_dim, config.out_dim, batch, args.seed)
         kind, data, loss = "regression", f"fixed random tanh teacher, {config.in_dim} -> {config.out_dim}", _mse
     elif name in ("seed-model", "seed-mymodel"):
-        model = (seed.Model if name == "seed-model" else seed.MyModel)(config, rngs=rngs)
+        cls = seed.Model if name == "seed-model" else seed.MyModel
         dims = (config.in_dim, config.out_dim) if name == "seed-model" else (config.size, config.size)
         make = regression_batches(*dims, batch, args.seed)
         kind, data, loss = "regression", f"fixed random tanh teacher, {dims[0]} -> {dims[1]}", _mse
     elif name == "transformer":
-        model = transformer.Transformer(config, rngs=rngs)
+        cls = transformer.Transformer
+        make, _ = char_batches(text, config.seq_len, batch, args.seed)
         kind, loss = "char-lm", _xent
         data = f"{os.path.basename(CORPUS)}: {len(text)} characters, vocab {len(chars)}, windows of {config.seq_len}"
     elif name == "cnn":
-        model = cnn.CNN(config, rngs=rngs)
+        cls = cnn.CNN
         make = image_batches(config.image_size, config.in_channels, config.num_classes, batch, args.seed)
         kind, loss = "images", _xent
         data = f"synthetic {config.num_classes}-class {config.image_size}x{config.image_size}x{config.in_channels} images"
     else:  # pragma: no cover - a model added to the registry but not here
         raise UsageError(f"remat train does not know how to train {name!r} yet")
+    model = init_model(cls, config, args.seed)
     identity = {"model": name, "config": _config_fields(config)}
     return Task(name, kind, data, model, make, loss, batch, identity, label)
+
+
+def init_model(cls: Any, config: Any, seed: int) -> Any:
+    """``cls(config, rngs=nnx.Rngs(seed))``, initialised in one compiled program.
+
+    Under ``nnx.jit`` (one compilation instead of one per parameter shape) and with JAX's
+    non-partitionable threefry: on XLA:CPU (jax 0.10) the partitionable one takes 10-20 s
+    to compile a normal draw of one 4-D conv-kernel shape, the other about 1 s. Both only
+    change which random initial weights are drawn.
+    """
+    import jax
+    from flax import nnx
+
+    scope = getattr(jax, "threefry_partitionable", None)
+    with scope(False) if scope is not None else contextlib.nullcontext():
+        return nnx.jit(lambda: cls(config, rngs=nnx.Rngs(seed)))()
 
 
 def factory_task(spec: str, args: argparse.Namespace) -> Task:
@@ -679,23 +696,22 @@ def main(args: argparse.Namespace) -> int:
     t_first = None
     nonfinite_at = None
     try:
-        with mesh:
-            for step in range(start, args.steps):
-                inputs, targets = task.batch(step)
-                state, loss = step_fn(state, put(inputs), put(targets))
-                value = float(loss)
-                losses.append(value)
-                if t_first is None:
-                    t_first = time.perf_counter()
-                if nonfinite_at is None and not math.isfinite(value):
-                    nonfinite_at = step + 1
-                if bar is not None:
-                    bar.set_postfix_str(f"loss={value:.4f} rss={rss_bytes() / 2**20:.0f}MiB", refresh=False)
-                    bar.update(1)
-                if saver is not None and ((step + 1) % args.every == 0 or step + 1 == args.steps):
-                    save(step + 1)
-                if args.step_delay:
-                    time.sleep(args.step_delay)
+        for step in range(start, args.steps):
+            inputs, targets = task.batch(step)
+            state, loss = step_fn(state, put(inputs), put(targets))
+            value = float(loss)
+            losses.append(value)
+            if t_first is None:
+                t_first = time.perf_counter()
+            if nonfinite_at is None and not math.isfinite(value):
+                nonfinite_at = step + 1
+            if bar is not None:
+                bar.set_postfix_str(f"loss={value:.4f} rss={rss_bytes() / 2**20:.0f}MiB", refresh=False)
+                bar.update(1)
+            if saver is not None and ((step + 1) % args.every == 0 or step + 1 == args.steps):
+                save(step + 1)
+            if args.step_delay:
+                time.sleep(args.step_delay)
         if saver is not None:
             saver.close()
     finally:
