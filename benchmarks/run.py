@@ -122,7 +122,8 @@ def worker_env(flag: bool = True) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
     # Big buffers via mmap, returned to the kernel on free: RSS then tracks live bytes.
     env["MALLOC_MMAP_THRESHOLD_"] = "131072"
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_cpu_enable_concurrency_optimized_scheduler" not in f]
+    flag_name = CPU_REMAT_FLAG.split("=")[0].lstrip("-")
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if f.lstrip("-").split("=")[0] != flag_name]
     if flag:
         env.pop(OPT_OUT_ENV, None)
         env["XLA_FLAGS"] = " ".join(flags)  # `import remat` in the worker appends the flag
@@ -131,7 +132,6 @@ def worker_env(flag: bool = True) -> dict[str, str]:
         env["XLA_FLAGS"] = " ".join(flags)
     if not env["XLA_FLAGS"]:
         del env["XLA_FLAGS"]
-    assert CPU_REMAT_FLAG.startswith("--")
     return env
 
 
@@ -326,13 +326,22 @@ def run_benchmark(sizes: Sizes, out: str | os.PathLike, *, models: tuple[str, ..
         "names_policy": {m: list(NAMES_POLICY[m]) for m in models},
         "failures": runner.failures, "notes": notes, **info,
     }
-    md = report.markdown(rows, probes, meta)
+    meta["wall_s"] = round(time.perf_counter() - t0, 1)
+    return write_outputs(out, rows, probes, meta)
+
+
+def write_outputs(out: str | os.PathLike, rows: list[dict[str, Any]], probes: list[dict[str, Any]],
+                  meta: dict[str, Any]) -> dict[str, Any]:
+    """Writes ``results.json``, ``results.md`` and ``memory_vs_time.png``; returns the JSON data."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    report.add_overheads(rows)
     data = {
         "meta": meta, "rows": rows, "ratios": report.jax_torch_ratios(rows),
         "flag_effect": report.flag_effect(probes), "flag_probes": probes, "targets": report.targets(rows),
     }
     (out / "results.json").write_text(json.dumps(data, indent=1))
-    (out / "results.md").write_text(md)
+    (out / "results.md").write_text(report.markdown(rows, probes, meta))
     report.plot(rows, out / "memory_vs_time.png")
     return data
 

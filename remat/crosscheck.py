@@ -20,17 +20,15 @@ An NNX variable at path ``blocks/0/attn/qkv/kernel`` matches the torch entry
 ``blocks.0.attn.qkv.weight``: path parts are joined with ``.``, and the last part is
 renamed and re-laid-out by the kind of layer that owns it:
 
-=====================  ===================  ================================================
-NNX leaf               torch name           layout
-=====================  ===================  ================================================
-``kernel`` (2-D)       ``weight``           transposed: torch ``(out, in)`` -> ``(in, out)``
-``kernel`` (n-D conv)  ``weight``           ``(O, I, *spatial)`` -> ``(*spatial, I, O)`` (OIHW -> HWIO)
-``scale``              ``weight``           LayerNorm / BatchNorm / RMSNorm, unchanged
-``embedding``          ``weight``           ``nn.Embedding``, unchanged
-``mean`` (BatchStat)   ``running_mean``     unchanged
-``var`` (BatchStat)    ``running_var``      unchanged
-anything else          the same name        unchanged (``bias``, your own ``nnx.Param``)
-=====================  ===================  ================================================
+| NNX leaf | torch name | layout |
+|---|---|---|
+| ``kernel`` (2-D) | ``weight`` | transposed: torch ``(out, in)`` -> ``(in, out)`` |
+| ``kernel`` (n-D, conv) | ``weight`` | ``(O, I, *spatial)`` -> ``(*spatial, I, O)`` (OIHW -> HWIO) |
+| ``scale`` | ``weight`` | LayerNorm / BatchNorm / RMSNorm, unchanged |
+| ``embedding`` | ``weight`` | ``nn.Embedding``, unchanged |
+| ``mean`` (BatchStat) | ``running_mean`` | unchanged |
+| ``var`` (BatchStat) | ``running_var`` | unchanged |
+| anything else | the same name | unchanged (``bias``, your own ``nnx.Param``) |
 
 torch's ``num_batches_tracked`` is ignored. So a user's models convert as they are when
 their attribute names match (``self.blocks = nnx.data([...])`` against an
@@ -64,15 +62,14 @@ Optimizers
 ----------
 :func:`compare_training` builds both optimizers from one set of hyperparameters:
 
-================  ===================================================  ======================================================
-``optimizer=``    ``torch.optim``                                       optax
-================  ===================================================  ======================================================
-``"sgd"``         ``SGD(lr)``                                          ``optax.sgd(lr)``
-``"momentum"``    ``SGD(lr, momentum=mu)`` (dampening 0)               ``optax.sgd(lr, momentum=mu)``
-``"nesterov"``    ``SGD(lr, momentum=mu, nesterov=True)``              ``optax.sgd(lr, momentum=mu, nesterov=True)``
-``"adam"``        ``Adam(lr, betas=(b1, b2), eps=eps)``                ``optax.adam(lr, b1, b2, eps=eps)`` (``eps_root=0``)
-``"adamw"``       ``AdamW(lr, betas, eps, weight_decay=wd)``           ``optax.adamw(lr, b1, b2, eps=eps, weight_decay=wd)``
-================  ===================================================  ======================================================
+| ``optimizer=`` | ``torch.optim`` | optax |
+|---|---|---|
+| ``"sgd"`` | ``SGD(lr)`` | ``optax.sgd(lr)`` |
+| ``"momentum"`` | ``SGD(lr, momentum=mu)`` (dampening 0) | ``optax.sgd(lr, momentum=mu)`` |
+| ``"nesterov"`` | ``SGD(lr, momentum=mu, nesterov=True)`` | ``optax.sgd(lr, momentum=mu, nesterov=True)`` |
+| ``"adam"`` | ``Adam(lr, betas=(b1, b2), eps=eps)`` | ``optax.adam(lr, b1, b2, eps=eps)`` (``eps_root=0``) |
+| ``"adamw"`` | ``AdamW(lr, betas, eps, weight_decay=wd)`` | ``optax.adamw(lr, b1, b2, eps=eps, weight_decay=wd)`` |
+| (L2 Adam, not built in) | ``Adam(lr, weight_decay=wd)`` | ``optax.chain(optax.add_decayed_weights(wd), optax.adam(lr))`` |
 
 Why these match (verified numerically by the tests, float64 to ~1e-12):
 
@@ -989,7 +986,7 @@ def compare_training(
             value = torch_loss(_call_torch(tm, txs, checkpoint), ty)
             value.backward()
             topt.step()
-            torch_losses.append(float(value))
+            torch_losses.append(float(value.detach()))
         # JAX
         jxs = _jax_arrays(xs, dtype, channels_last)
         jy = None if y is None else (jnp.asarray(y) if not _is_float(y) else jnp.asarray(y, dtype=dtype))

@@ -56,7 +56,7 @@ def _torch_convs():
 
 def test_every_layout_converts():
     tm = _torch_convs()
-    jm = Convs(nnx.Rngs(0))
+    jm = nnx.eval_shape(lambda: Convs(nnx.Rngs(0)))  # abstract: loading fills every variable
     report = load_torch_state(jm, tm)
     assert report.ok and len(report.loaded) == 14  # num_batches_tracked ignored
     sd = {k: v.numpy() for k, v in tm.state_dict().items()}
@@ -76,7 +76,8 @@ def test_layout_round_trip_and_names():
     a = np.arange(2 * 3 * 4 * 5).reshape(2, 3, 4, 5)
     np.testing.assert_array_equal(to_torch_layout("kernel", to_nnx_layout("kernel", a)), a)
     assert to_nnx_layout("bias", a) is a
-    names = torch_names(transformer.Transformer(transformer.TransformerConfig(), rngs=nnx.Rngs(0)))
+    names = torch_names(nnx.eval_shape(lambda: transformer.Transformer(transformer.TransformerConfig(),
+                                                                        rngs=nnx.Rngs(0))))
     assert names["blocks.0.attn.qkv.weight"] == "blocks/0/attn/qkv/kernel"
     assert names["wte.weight"] == "wte/embedding" and names["ln_f.weight"] == "ln_f/scale"
 

@@ -1,0 +1,200 @@
+"""benchmarks/: the measurement functions at tiny sizes, the report, the files written.
+
+No wall-clock assertions: timings are only checked to be positive numbers.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+import remat  # noqa: F401  (XLA's CPU flags before any backend starts)
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # benchmarks/ is a folder of the repository, not installed
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import measure as M  # noqa: E402
+from benchmarks import report  # noqa: E402
+from benchmarks import run as bench_run  # noqa: E402
+
+pytest.importorskip("torch")
+
+TINY = M.SIZES["tiny"]
+
+
+def _check_schema(rows: list[dict]) -> None:
+    assert rows
+    for r in rows:
+        for k in M.ROW_KEYS:
+            assert k in r, f"missing {k} in {r}"
+        assert r["framework"] in ("jax", "torch")
+        assert r["model"] in M.MODELS
+        assert isinstance(r["depth"], int) and r["depth"] >= 1
+        variants = M.JAX_VARIANTS if r["framework"] == "jax" else M.TORCH_VARIANTS
+        assert r["variant"] in variants
+        assert isinstance(r["saved_bytes"], int) and r["saved_bytes"] > 0
+        if r["framework"] == "jax":
+            assert isinstance(r["temp_bytes"], int) and r["temp_bytes"] > 0
+        else:
+            assert r["temp_bytes"] is None
+        assert isinstance(r["peak_rss_bytes"], int) and r["peak_rss_bytes"] >= 0
+        assert isinstance(r["step_ms"], float) and r["step_ms"] > 0
+        assert isinstance(r["overhead"], float) and r["overhead"] > 0
+        # flat: no nested objects
+        assert all(not isinstance(v, (dict, list)) for v in r.values()), r
+    # every row is JSON-serialisable as it is
+    json.dumps(rows)
+
+
+@pytest.fixture(scope="module")
+def mlp_rows() -> list[dict]:
+    return M.measure_model("mlp", 2, TINY, jax_variants=("none", "nothing", "scan"),
+                           torch_variants=("none", "nothing"), steps=2)
+
+
+def _get(rows, framework, variant, depth=None):
+    (r,) = [r for r in rows if r["framework"] == framework and r["variant"] == variant
+            and (depth is None or r["depth"] == depth)]
+    return r
+
+
+def test_row_schema(mlp_rows):
+    _check_schema(mlp_rows)
+    assert {(r["framework"], r["variant"]) for r in mlp_rows} == {
+        ("jax", "none"), ("jax", "nothing"), ("jax", "scan"), ("torch", "none"), ("torch", "nothing")}
+
+
+def test_none_overhead_is_one(mlp_rows):
+    for fw in ("jax", "torch"):
+        assert _get(mlp_rows, fw, "none")["overhead"] == 1.0
+    r = _get(mlp_rows, "jax", "nothing")
+    assert r["overhead"] == pytest.approx(r["step_ms"] / _get(mlp_rows, "jax", "none")["step_ms"], rel=1e-3)
+
+
+def test_memory_relations_mlp(mlp_rows):
+    none, nothing, scan = (_get(mlp_rows, "jax", v) for v in ("none", "nothing", "scan"))
+    assert scan["temp_bytes"] < none["temp_bytes"]
+    assert nothing["temp_bytes"] < none["temp_bytes"]
+    assert nothing["saved_bytes"] < none["saved_bytes"]
+    assert _get(mlp_rows, "torch", "nothing")["saved_bytes"] < _get(mlp_rows, "torch", "none")["saved_bytes"]
+
+
+def test_saved_bytes_exclude_parameters():
+    built = M.build("mlp", 2, TINY)
+    loss, params = M.jax_loss(built, "nothing")
+    x, y = M.jax_inputs(built)
+    jb = M.jax_saved_bytes(loss, params, x, y)
+    # each checkpointed block keeps its parameters as residuals: counted apart
+    block_param_bytes = 2 * (TINY.mlp["width"] ** 2 + TINY.mlp["width"]) * 4
+    assert jb["saved_param_bytes"] >= block_param_bytes
+    assert jb["residual_total_bytes"] >= jb["saved_bytes"] + block_param_bytes
+    act = TINY.mlp["batch"] * TINY.mlp["width"] * 4
+    # input x, the block inputs and the head input: activations, not parameters
+    assert jb["saved_bytes"] >= 3 * act
+    tb = M.torch_saved_bytes(M.torch_program(built, "nothing"))
+    # torch.utils.checkpoint saves its inputs through saved_tensors_hooks: they are counted
+    assert tb["saved_bytes"] >= 3 * act
+
+
+def test_segments_for():
+    assert [M.segments_for(d) for d in (1, 2, 4, 8, 16, 32)] == [1, 1, 2, 3, 4, 6]
+
+
+def _synthetic_rows() -> list[dict]:
+    rows = []
+
+    def add(fw, model, depth, variant, saved, temp, ms):
+        rows.append({"framework": fw, "model": model, "depth": depth, "variant": variant,
+                     "saved_bytes": saved, "temp_bytes": temp, "peak_rss_bytes": saved,
+                     "step_ms": float(ms), "overhead": None})
+
+    for d in (4, 16):
+        add("jax", "transformer", d, "none", 100 * d, 100 * d, 10 * d)
+        add("jax", "transformer", d, "nothing", 10 * d, 15 * d, 13 * d)
+        add("jax", "transformer", d, "dots", 50 * d, 70 * d, 11 * d)
+        add("jax", "transformer", d, "scan_nested", 5 * d, 100 * math.sqrt(d), 14 * d)
+        add("torch", "transformer", d, "none", 100 * d, None, 12 * d)
+        add("torch", "transformer", d, "nothing", 12 * d, None, 12.5 * d)
+    return rows
+
+
+def test_targets_and_ratios():
+    rows = _synthetic_rows()
+    report.add_overheads(rows)
+    t = {x["target"].split(":")[0]: x for x in report.targets(rows)}
+    assert t["transformer 16 layers, per-block nothing"]["met"] is True
+    assert t["transformer 16 layers, per-block dots"]["met"] is False  # temp 70% > 60%
+    met = {x["target"]: x["met"] for x in report.targets(rows)}
+    assert met["transformer 16 layers, nothing: JAX step_ms <= PyTorch"] is False  # 13 > 12.5
+    assert met["transformer 16 layers, nothing: JAX saved_bytes <= PyTorch"] is True
+    (sn,) = [v for k, v in met.items() if "scan_nested" in k]
+    assert sn is True  # grows exactly like sqrt(depth)
+    ratios = report.jax_torch_ratios(rows)
+    r = [x for x in ratios if x["depth"] == 4 and x["variant"] == "none"][0]
+    assert r["step_ms_ratio"] == pytest.approx(40 / 48)
+    assert r["saved_bytes_ratio"] == pytest.approx(1.0)
+
+
+def test_flag_effect():
+    probes = [
+        {"model": "mlp", "depth": 8, "flag": True, "temp_bytes": 10, "step_ms_all": [1.0, 1.2, 1.1]},
+        {"model": "mlp", "depth": 8, "flag": False, "temp_bytes": 12, "step_ms_all": [1.1, 1.3, 1.2]},
+    ]
+    (fe,) = report.flag_effect(probes)
+    assert fe["ratio"] == pytest.approx(1.1 / 1.2, rel=1e-3)
+    assert fe["temp_bytes_with_flag"] == 10 and fe["temp_bytes_without_flag"] == 12
+
+
+def test_outputs_written(tmp_path, mlp_rows):
+    probes = [
+        {"model": "mlp", "depth": 2, "flag": True, "temp_bytes": 10, "step_ms_all": [1.0, 1.1]},
+        {"model": "mlp", "depth": 2, "flag": False, "temp_bytes": 10, "step_ms_all": [1.0, 1.2]},
+    ]
+    meta = {"sizes": "tiny", **M.process_info(), "model_sizes": {"mlp": TINY.mlp}}
+    data = bench_run.write_outputs(tmp_path, [dict(r) for r in mlp_rows], probes, meta)
+    for name in ("results.json", "results.md", "memory_vs_time.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    loaded = json.loads((tmp_path / "results.json").read_text())
+    assert loaded["rows"] == data["rows"]
+    _check_schema(loaded["rows"])
+    md = (tmp_path / "results.md").read_text()
+    for section in ("## Results", "## JAX / PyTorch", "## flag_effect", "## targets"):
+        assert section in md
+    assert (tmp_path / "memory_vs_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert meta["remat_flag_set"] is True
+
+
+@pytest.mark.slow
+def test_transformer_all_variants_tiny():
+    rows = M.measure_model("transformer", 2, TINY, steps=1)
+    _check_schema(rows)
+    assert {r["variant"] for r in rows if r["framework"] == "jax"} == set(M.JAX_VARIANTS)
+    assert {r["variant"] for r in rows if r["framework"] == "torch"} == set(M.TORCH_VARIANTS)
+    temp = {r["variant"]: r["temp_bytes"] for r in rows if r["framework"] == "jax"}
+    assert temp["nothing"] < temp["dots"] < temp["none"]
+    assert temp["scan"] < temp["none"]
+    saved = {r["variant"]: r["saved_bytes"] for r in rows if r["framework"] == "jax"}
+    assert saved["nothing"] < saved["names"] < saved["dots"] < saved["none"]
+    assert saved["scan"] == saved["nothing"]  # the same block inputs, kept by the scan
+
+
+@pytest.mark.slow
+def test_cli_tiny(tmp_path):
+    rc = bench_run.main(["--tiny", "--models", "mlp", "--depths", "2,4", "--steps", "2", "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    _check_schema(data["rows"])
+    assert {r["depth"] for r in data["rows"]} == {2, 4}
+    assert len(data["rows"]) == 2 * (len(M.JAX_VARIANTS) + len(M.TORCH_VARIANTS))
+    assert data["meta"]["remat_flag_set"] is True
+    (fe,) = data["flag_effect"]
+    assert fe["model"] == "mlp" and fe["ratio"] > 0
+    from remat._xla_flags import CPU_REMAT_FLAG
+
+    assert CPU_REMAT_FLAG in fe["xla_flags_with"].split()
+    assert CPU_REMAT_FLAG not in fe["xla_flags_without"].split()
+    assert (tmp_path / "memory_vs_time.png").stat().st_size > 0
