@@ -30,7 +30,7 @@ leading axis, parameters, BatchNorm statistics and optimizer state are replicate
 (``PartitionSpec()``), and ``jax.jit`` inserts the gradient all-reduce. ``--devices N``
 on CPU sets ``jax_num_cpu_devices`` before JAX's backend starts (the same as
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N``; flags already in XLA_FLAGS, such
-as the scheduler flag ``import remat`` adds, are kept).
+as the XLA:CPU flag ``import remat`` adds, are kept).
 
 Multi-host: start one process per host with ``REMAT_DISTRIBUTED=1`` (the loop then calls
 ``jax.distributed.initialize()``, which reads the coordinator address, process count and
@@ -212,9 +212,16 @@ def remat_settings(args: argparse.Namespace) -> tuple[Any, str]:
             raise UsageError("--budget needs remat.policies.budget, which this version of remat does not "
                              "have yet; use --policy instead")
         try:
-            settings = RematSettings(policy=budget(args.budget))
+            policy = budget(args.budget)
         except (TypeError, ValueError) as e:
             raise UsageError(f"--budget {args.budget}: {e}") from None
+        try:
+            settings = RematSettings(policy=policy)
+        except TypeError:
+            # RematSettings takes names only (so far); jax_block hands a non-name policy to
+            # remat.checkpoint unchanged, which is what a budget needs.
+            settings = RematSettings(policy=None)
+            object.__setattr__(settings, "policy", policy)
         return settings, f"budget({args.budget})"
     if args.policy == "none":
         return RematSettings.none(), "none (no checkpoint)"
