@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 import remat
-from remat.policies import NAMED_POLICIES
+from remat.policies import NAMED_POLICIES, Budget
 
 BlocksSpec = Union[str, Iterable[int]]
 
@@ -61,9 +61,12 @@ class RematSettings:
             if policy != NAMES and policy not in NAMED_POLICIES:
                 valid = ", ".join(map(repr, [*NAMED_POLICIES, NAMES]))
                 raise ValueError(f"RematSettings(policy={policy!r}): use one of {valid}, None or a list of names")
+        elif isinstance(policy, Budget):
+            pass  # a memory budget: remat.checkpoint chooses per block; torch checkpoints fully
         elif policy is not None:
             if callable(policy):
-                raise TypeError("RematSettings(policy=...) takes a name or a list of names, not a callable")
+                raise TypeError("RematSettings(policy=...) takes a name, a list of names or "
+                                "remat.policies.budget(F), not an arbitrary callable")
             object.__setattr__(self, "policy", tuple(policy))
 
     @classmethod
@@ -97,7 +100,7 @@ class RematSettings:
         if self.blocks == "none":
             return "no checkpoint"
         where = "all blocks" if self.blocks == "all" else "blocks " + ",".join(map(str, sorted(self.blocks)))
-        pol = self.policy if self.policy is None or isinstance(self.policy, str) else list(self.policy)
+        pol = self.policy if self.policy is None or isinstance(self.policy, (str, Budget)) else list(self.policy)
         return f"{where}, policy={pol or 'nothing'}"
 
 

@@ -205,23 +205,12 @@ def remat_settings(args: argparse.Namespace) -> tuple[Any, str]:
     from models import RematSettings
 
     if args.budget is not None:
-        import remat.policies
+        from remat.policies import budget
 
-        budget = getattr(remat.policies, "budget", None)
-        if budget is None:
-            raise UsageError("--budget needs remat.policies.budget, which this version of remat does not "
-                             "have yet; use --policy instead")
         try:
-            policy = budget(args.budget)
+            settings = RematSettings(policy=budget(args.budget))
         except (TypeError, ValueError) as e:
             raise UsageError(f"--budget {args.budget}: {e}") from None
-        try:
-            settings = RematSettings(policy=policy)
-        except TypeError:
-            # RematSettings takes names only (so far); jax_block hands a non-name policy to
-            # remat.checkpoint unchanged, which is what a budget needs.
-            settings = RematSettings(policy=None)
-            object.__setattr__(settings, "policy", policy)
         return settings, f"budget({args.budget})"
     if args.policy == "none":
         return RematSettings.none(), "none (no checkpoint)"
@@ -809,3 +798,23 @@ def main(args: argparse.Namespace) -> int:
         print(f"remat: the loss became non-finite at step {nonfinite_at}; lower --lr", file=sys.stderr)
         return EXIT_CHECK_FAILED
     return EXIT_OK
+
+
+def pure_step_loss(task: Task) -> tuple[Callable[..., Any], tuple]:
+    """The task's loss as a pure function ``loss(params, inputs, targets)`` and its arguments.
+
+    For the tools that compile and compare whole training steps (``remat plan``,
+    ``remat profile``): the NNX model is split into its parameters, differentiated with
+    respect to them, and merged back inside the function.
+    """
+    import jax.numpy as jnp
+    from flax import nnx
+
+    inputs, targets = task.batch(0)
+    graphdef, params, rest = nnx.split(task.model, nnx.Param, ...)
+
+    def loss(params: Any, inputs: tuple, targets: Any) -> Any:
+        model = nnx.merge(graphdef, params, rest)
+        return task.loss(model(*inputs), inputs, targets)
+
+    return loss, (params, tuple(jnp.asarray(x) for x in inputs), jnp.asarray(targets))

@@ -27,25 +27,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--budget {args.budget}: use a fraction in (0, 1], e.g. --budget 0.5")
     if args.repeat < 1:
         raise UsageError("--repeat must be at least 1")
-    import jax
-    from flax import nnx
-
-    from remat.cli._training import make_task
+    from remat.cli._training import make_task, pure_step_loss
     from remat.planner import plan
 
     # every block checkpointed (policy "nothing"); the planner re-decides each region
-    args.policy, args.budget_policy = None, None
-    budget, args.budget = args.budget, None
+    budget, args.budget, args.policy = args.budget, None, None
     task = make_task(args)
-    inputs, targets = task.batch(0)
-    graphdef, params, rest = nnx.split(task.model, nnx.Param, ...)
-
-    def loss(params, inputs, targets):
-        model = nnx.merge(graphdef, params, rest)
-        return task.loss(model(*inputs), inputs, targets)
-
-    inputs = tuple(jax.numpy.asarray(x) for x in inputs)
-    result = plan(loss, params, inputs, jax.numpy.asarray(targets), budget=budget, repeat=args.repeat)
+    loss, step_args = pure_step_loss(task)
+    result = plan(loss, *step_args, budget=budget, repeat=args.repeat)
     if args.json:
         print_json({"model": task.name, **result.to_dict()})
     else:
