@@ -263,6 +263,6 @@ def test_profile_cli_json_and_errors(capsys, tmp_path):
     assert d["results"][1]["residual_bytes"] < d["results"][0]["residual_bytes"]
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert main(["profile", "resnet"]) == 2
-    assert "unknown model 'resnet'; use one of: mlp, transformer" in capsys.readouterr().err
+    assert "unknown model 'resnet'; use one of seed-model, seed-mymodel, mlp, transformer, cnn" in capsys.readouterr().err
     assert main(["profile", "mlp", "--policies", "dots,often"]) == 2
     assert "often" in capsys.readouterr().err

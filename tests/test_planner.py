@@ -71,3 +71,17 @@ def test_plan_rejects_bad_budgets(bad):
 def test_plan_needs_a_checkpointed_region():
     with pytest.raises(ValueError, match="no remat.checkpoint region"):
         plan(lambda x: (x**2).sum(), X, budget=0.5)
+
+
+def test_plan_cli_json_and_bad_budget(capsys):
+    import json
+
+    from remat.cli import main
+
+    rc = main(["plan", "mlp", "--budget", "1.0", "--depth", "2", "--repeat", "1", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["feasible"] and out["num_regions"] == 2
+    assert out["chosen"]["temp_bytes"] <= out["limit_bytes"]
+    assert {"no checkpoint", "all: nothing", "all: dots"} <= {c["label"] for c in out["candidates"]}
+    assert main(["plan", "mlp", "--budget", "0"]) == 2
+    assert "--budget 0.0: use a fraction in (0, 1]" in capsys.readouterr().err
