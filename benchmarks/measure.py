@@ -9,11 +9,12 @@ NNX model and its PyTorch twin, with identical weights), prepares every JAX vari
     included, in both frameworks:
 
     * JAX: the residuals of the loss of the parameters (inputs closed over), listed by
-      :func:`remat.memory.saved_residuals`; from its ``total_bytes`` we subtract the
-      residuals that are parameters or computed from parameters alone (e.g. the
-      reshape of stacked parameters that the nested scan keeps), found by a dependency
-      pass over the same jaxpr. The total with parameters is kept as
-      ``residual_total_bytes``, the parameter part as ``saved_param_bytes``.
+      :func:`remat.memory.saved_residuals` (its ``total_bytes`` is kept as
+      ``residual_total_bytes``); ``saved_bytes`` counts those that depend on the batch,
+      found by a dependency pass over the jaxpr of the same ``jax.vjp``. Left out (as
+      ``saved_param_bytes``): parameters and values computed from parameters and
+      constants alone (the reshape of stacked parameters that the nested scan keeps,
+      the causal mask, the broadcast zeros of relu's derivative).
     * PyTorch: the tensors packed by ``torch.autograd.graph.saved_tensors_hooks``
       during the forward pass (this includes the inputs that ``torch.utils.checkpoint``
       saves for its recomputation, which go through the same hooks), deduplicated by
@@ -84,6 +85,9 @@ NAMES_POLICY: dict[str, tuple[str, ...]] = {
     # the activation function is recomputed (close to "dots" for this model)
     "mlp": ("mlp_hidden",),
 }
+
+#: Seconds of idle time before each timed step (not timed).
+GAP_S = 0.02
 
 _POLICY: dict[str, Any] = {"nothing": "nothing", "dots": "dots", "dots_no_batch": "dots_no_batch"}
 
@@ -194,8 +198,14 @@ class _Sampler:
         self.peak = max(self.peak, current_rss())
 
 
-def step_peak_rss(step: Callable[[], Any]) -> tuple[int, str]:
-    """(increase of peak RSS during one call of ``step``, method)."""
+def step_peak_rss(step: Callable[[], Any], before: Callable[[], Any] | None = None) -> tuple[int, str]:
+    """(increase of peak RSS during one call of ``step``, method).
+
+    ``before`` runs first, outside the measurement (PyTorch: drop the previous step's
+    gradients, so that the baseline holds none, as in JAX where the step returns them).
+    """
+    if before is not None:
+        before()
     gc.collect()
     baseline = current_rss()
     if _reset_hwm():
@@ -461,9 +471,12 @@ class TorchProgram:
     forward: Callable[[], Any]  # returns the loss
     params: list
 
-    def step(self) -> Any:
+    def zero(self) -> None:
         for p in self.params:
             p.grad = None
+
+    def step(self) -> Any:
+        self.zero()
         loss = self.forward()
         loss.backward()
         return loss
@@ -552,24 +565,30 @@ class Prepared:
 
     model: str
     depth: int
-    entries: list  # (row, step) pairs
+    entries: list  # (row, step, before-RSS hook) triples
 
     def run(self, steps: int) -> list[dict[str, Any]]:
-        """Warm-up, one peak-RSS step per variant, then ``steps`` interleaved timed rounds."""
+        """Warm-up, one peak-RSS step per variant, then ``steps`` interleaved timed rounds.
+
+        A short pause (:data:`GAP_S`) precedes each timed step, so that the previous
+        step's spinning worker threads (XLA's Eigen pool, PyTorch's OpenMP team) are
+        idle before the next one starts: the frameworks share this process.
+        """
         if steps < 1:
             raise ValueError(f"steps must be at least 1, got {steps}")
-        for _, step in self.entries:
+        for _, step, _ in self.entries:
             _timed(step)
-        for row, step in self.entries:
-            row["peak_rss_bytes"], row["rss_method"] = step_peak_rss(step)
+        for row, step, before in self.entries:
+            row["peak_rss_bytes"], row["rss_method"] = step_peak_rss(step, before)
         times: list[list[float]] = [[] for _ in self.entries]
         n = len(self.entries)
         for r in range(steps):
             for j in range(n):
                 i = (j + r) % n  # rotate the order each round
+                time.sleep(GAP_S)
                 times[i].append(_timed(self.entries[i][1]))
         rows = []
-        for (row, _), ts in zip(self.entries, times):
+        for (row, _, _), ts in zip(self.entries, times):
             row = dict(row)
             row["step_ms"] = round(statistics.median(ts) * 1e3, 3)
             row["step_ms_min"] = round(min(ts) * 1e3, 3)
@@ -597,14 +616,14 @@ def prepare_model(
     n_threads = threads()
     torch.set_num_threads(n_threads)
     built = build(model, depth, sizes, seed)
-    entries: list[tuple[dict[str, Any], Callable[[], Any]]] = []
+    entries: list[tuple[dict[str, Any], Callable[[], Any], Any]] = []
     for v in jax_variants:
         prog = jax_program(built, v)
         row = _row("jax", model, depth, v, n_threads)
         row.update(jax_saved_bytes(prog.loss, prog.params, prog.x, prog.y))
         row["temp_bytes"] = int(jax_temp_bytes(prog))
         row["compile_s"] = round(prog.compile_s, 3)
-        entries.append((row, prog.step))
+        entries.append((row, prog.step, None))
         log(f"jax {model} depth {depth} {v}: compiled in {prog.compile_s:.1f}s")
     for v in torch_variants:
         prog = torch_program(built, v)
@@ -612,7 +631,7 @@ def prepare_model(
         row.update(torch_saved_bytes(prog))
         row["temp_bytes"] = None
         row["compile_s"] = None
-        entries.append((row, prog.step))
+        entries.append((row, prog.step, prog.zero))
     return Prepared(model, depth, entries)
 
 
@@ -666,7 +685,10 @@ class NoneProbe:
         self.program.step()  # warm-up
 
     def round(self, steps: int) -> list[float]:
-        ts = [_timed(self.program.step) for _ in range(steps)]
+        ts = []
+        for _ in range(steps):
+            time.sleep(GAP_S)
+            ts.append(_timed(self.program.step))
         self.times.extend(ts)
         return ts
 

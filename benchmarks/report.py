@@ -7,6 +7,7 @@ import statistics
 from typing import Any
 
 from benchmarks.measure import JAX_VARIANTS, TORCH_VARIANTS, add_overheads
+from remat._xla_flags import CPU_REMAT_FLAG
 
 MiB = 2**20
 
@@ -192,7 +193,8 @@ def markdown(rows: list[dict], probes: list[dict], meta: dict[str, Any]) -> str:
         "each (model, depth) in a fresh process with `MALLOC_MMAP_THRESHOLD_=131072` so freed "
         "buffers return to the kernel. Includes the gradients the step returns.",
         "* **step ms**: median of the timed training steps (loss + gradients; JAX jitted, "
-        "`block_until_ready`) after a warm-up; all variants of both frameworks for one "
+        "`block_until_ready`; PyTorch forward + `backward()`) after a warm-up, with a 20 ms idle "
+        "gap before each timed step; all variants of both frameworks for one "
         "(model, depth) timed in interleaved rounds in one process. **overhead**: over the "
         "same framework's `none`.",
         f"* Variants: `names` saves {meta.get('names_policy', {})}; `sequential` uses "
@@ -218,7 +220,7 @@ def markdown(rows: list[dict], probes: list[dict], meta: dict[str, Any]) -> str:
     if fe:
         lines += [
             "Un-checkpointed JAX (`none`) with remat's XLA flag "
-            "(`--xla_cpu_enable_concurrency_optimized_scheduler=false`) and without it "
+            f"(`{CPU_REMAT_FLAG}`) and without it "
             "(`REMAT_KEEP_XLA_FLAGS=1`), each in its own process, timed in alternating rounds "
             "(ratio = with / without; <= 1 means the flag costs nothing).",
             "",

@@ -810,6 +810,11 @@ def pure_step_loss(task: Task) -> tuple[Callable[..., Any], tuple]:
     import jax.numpy as jnp
     from flax import nnx
 
+    if nnx.state(task.model, nnx.BatchStat):
+        # Flax refuses to update BatchNorm statistics under a plain jax.grad of a merged
+        # model (TraceContextError, with or without checkpoints); only nnx.grad may.
+        raise UsageError(f"{task.name} keeps BatchNorm statistics, which this command cannot compile "
+                         "under jax.grad yet; use mlp or transformer (remat train works for it)")
     inputs, targets = task.batch(0)
     graphdef, params, rest = nnx.split(task.model, nnx.Param, ...)
 
