@@ -34,10 +34,11 @@ NNX model and its PyTorch twin, with identical weights), prepares every JAX vari
     The *increase* of the process's peak resident memory during one training step:
     the kernel's high-water mark is reset (``/proc/self/clear_refs``) right before the
     step and read right after; the baseline is the RSS just before it (models,
-    parameters, inputs and compiled programs resident, previous outputs freed). The
-    runner starts each (model, depth) in a fresh process with
-    ``MALLOC_MMAP_THRESHOLD_=131072`` so that freed buffers go back to the kernel and the
-    high-water mark tracks live bytes. When the high-water mark cannot be reset, the
+    parameters, inputs and compiled programs resident, previous outputs and gradients
+    freed). Each (model, depth) runs in a fresh process; while RSS is measured, glibc's
+    allocator is switched (``mallopt``, see :func:`malloc_mode`) so that buffers over
+    128 KiB are mmap'd and returned to the kernel when freed, so the high-water mark
+    tracks live bytes; for the timed steps it is switched back to reusing its heap. When the high-water mark cannot be reset, the
     step's RSS is sampled in a thread instead (``rss_method`` says which).
 
 ``step_ms``
@@ -198,6 +199,44 @@ class _Sampler:
         self.peak = max(self.peak, current_rss())
 
 
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+
+
+def _libc() -> Any:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except (OSError, ImportError):
+        return None
+
+
+def malloc_mode(mode: str) -> bool:
+    """Switches glibc's allocator between measuring memory and timing (False if not glibc).
+
+    ``"measure"``: buffers over 128 KiB are mmap'd and go back to the kernel when freed,
+    and free heap memory is trimmed, so that RSS tracks live bytes. ``"time"``: buffers
+    up to 32 MiB come from the heap and are reused (glibc's steady state after its
+    dynamic threshold has grown), so that steps are not timed with page faults and
+    mmap/munmap calls for every tensor (which hits PyTorch, whose CPU allocator does not
+    cache, far harder than XLA).
+    """
+    libc = _libc()
+    if libc is None:
+        return False
+    if mode == "measure":
+        libc.mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
+        libc.mallopt(_M_TRIM_THRESHOLD, 128 * 1024)
+        libc.malloc_trim(0)
+    elif mode == "time":
+        libc.mallopt(_M_MMAP_THRESHOLD, 32 * 2**20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 64 * 2**20)
+    else:
+        raise ValueError(f"mode must be 'measure' or 'time', got {mode!r}")
+    return True
+
+
 def step_peak_rss(step: Callable[[], Any], before: Callable[[], Any] | None = None) -> tuple[int, str]:
     """(increase of peak RSS during one call of ``step``, method).
 
@@ -207,6 +246,9 @@ def step_peak_rss(step: Callable[[], Any], before: Callable[[], Any] | None = No
     if before is not None:
         before()
     gc.collect()
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
     baseline = current_rss()
     if _reset_hwm():
         step()
@@ -578,8 +620,12 @@ class Prepared:
             raise ValueError(f"steps must be at least 1, got {steps}")
         for _, step, _ in self.entries:
             _timed(step)
+        malloc_mode("measure")
         for row, step, before in self.entries:
             row["peak_rss_bytes"], row["rss_method"] = step_peak_rss(step, before)
+        malloc_mode("time")
+        for _, step, _ in self.entries:  # settle the heap in timing mode
+            _timed(step)
         times: list[list[float]] = [[] for _ in self.entries]
         n = len(self.entries)
         for r in range(steps):
@@ -713,7 +759,7 @@ def process_info() -> dict[str, Any]:
         "xla_flags": flags, "remat_flag_set": CPU_REMAT_FLAG in flags.split(),
         "jax": jax.__version__, "torch": torch.__version__, "threads": threads(),
         "torch_threads": torch.get_num_threads(), "jax_devices": str(jax.devices()),
-        "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
+        "malloc_mode_switch": _libc() is not None,
     }
 
 

@@ -190,8 +190,9 @@ def markdown(rows: list[dict], probes: list[dict], meta: dict[str, Any]) -> str:
         "JAX only.",
         "* **step peak RSS**: the increase of the process's peak resident memory during one "
         "training step (high-water mark reset via `/proc/self/clear_refs` right before it), "
-        "each (model, depth) in a fresh process with `MALLOC_MMAP_THRESHOLD_=131072` so freed "
-        "buffers return to the kernel. Includes the gradients the step returns.",
+        "each (model, depth) in a fresh process, glibc's allocator set (`mallopt`) to mmap buffers "
+        "over 128 KiB so freed ones return to the kernel (for the timed steps it is set back to "
+        "reuse its heap). Includes the gradients the step returns.",
         "* **step ms**: median of the timed training steps (loss + gradients; JAX jitted, "
         "`block_until_ready`; PyTorch forward + `backward()`) after a warm-up, with a 20 ms idle "
         "gap before each timed step; all variants of both frameworks for one "

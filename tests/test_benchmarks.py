@@ -80,7 +80,9 @@ def test_memory_relations_mlp(mlp_rows):
     assert scan["temp_bytes"] < none["temp_bytes"]
     assert nothing["temp_bytes"] < none["temp_bytes"]
     assert nothing["saved_bytes"] < none["saved_bytes"]
-    assert _get(mlp_rows, "torch", "nothing")["saved_bytes"] < _get(mlp_rows, "torch", "none")["saved_bytes"]
+    # an MLP block's only saved tensor is its relu output, the next block's input: the
+    # same tensors that torch.utils.checkpoint keeps, so PyTorch saves no less with it
+    assert _get(mlp_rows, "torch", "nothing")["saved_bytes"] <= _get(mlp_rows, "torch", "none")["saved_bytes"]
 
 
 def test_saved_bytes_exclude_parameters():
