@@ -70,6 +70,7 @@ import numpy as np
 
 JAX_VARIANTS: tuple[str, ...] = (
     "none", "nothing", "dots", "dots_no_batch", "names", "scan", "scan_nested", "sequential",
+    "budget_0.25", "budget_0.5", "budget_0.75",  # remat.policies.budget(F) on every block
 )
 TORCH_VARIANTS: tuple[str, ...] = ("none", "nothing", "sequential")
 MODELS: tuple[str, ...] = ("mlp", "transformer")
@@ -393,7 +394,10 @@ def jax_loss(built: Built, variant: str) -> tuple[Callable, Any]:
             return h
         if variant == "sequential":
             return remat.checkpoint_sequential(modules, segments_for(depth), h)
-        policy = list(NAMES_POLICY[model]) if variant == "names" else _POLICY[variant]
+        if variant.startswith("budget_"):
+            policy = remat.policies.budget(float(variant.removeprefix("budget_")))
+        else:
+            policy = list(NAMES_POLICY[model]) if variant == "names" else _POLICY[variant]
         for m in modules:
             h = remat.checkpoint(m, h, policy=policy)
         return h

@@ -160,6 +160,7 @@ def plan(
     budget_fractions: Sequence[float] = (0.25, 0.5, 0.75),
     repeat: int = 5,
     measure: bool = True,
+    cache: dict[str, Candidate] | None = None,
 ) -> Plan:
     """Finds the fastest way to checkpoint ``step_fn`` whose compiled temp memory fits.
 
@@ -173,6 +174,8 @@ def plan(
       budget_fractions: fractions of :func:`remat.policies.budget` tried on every region.
       repeat: timed steps per fitting candidate (the median is used).
       measure: time the fitting candidates (otherwise choose by predicted time).
+      cache: a dict to reuse compiled candidates across calls with the same ``step_fn``
+        and argument shapes (e.g. several budgets for one model).
 
     Returns:
       A :class:`Plan`; ``plan.apply(step_fn)`` runs the step the planned way.
@@ -187,7 +190,14 @@ def plan(
     if n == 0:
         raise ValueError("plan() found no remat.checkpoint region in step_fn: checkpoint its blocks first")
 
+    cache = {} if cache is None else cache
+
     def evaluate(label: str, specs: tuple[Any, ...]) -> Candidate:
+        if label not in cache:
+            cache[label] = _compile_candidate(label, specs)
+        return cache[label]
+
+    def _compile_candidate(label: str, specs: tuple[Any, ...]) -> Candidate:
         fn = apply_policies(step_fn, specs)
         compiled = jax.jit(jax.grad(fn, argnums=argnums)).lower(*args).compile()
         # one compile gives both the exact temp bytes and the FLOPs/bytes for the time model

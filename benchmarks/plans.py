@@ -1,0 +1,92 @@
+"""Checks ``remat.plan`` against every fixed named policy, for the budget issue's criteria.
+
+``python -m benchmarks.plans [--quick] [--out DIR]`` plans the MLP and the transformer of
+``models/`` at 8 and 16 blocks for budgets 0.25, 0.5 and 0.75 of the un-checkpointed
+step's compiled temp memory, then re-times the plan beside the fastest fixed named policy
+that fits (interleaved rounds, medians) and writes ``plans.json`` and ``plans.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import remat  # noqa: F401  (sets the XLA:CPU flag before JAX starts)
+
+
+def _task(model: str, depth: int):
+    import argparse as ap
+
+    from remat.cli._training import make_task, pure_step_loss
+
+    sizes = {"mlp": dict(width=256, batch_size=256), "transformer": dict(width=128, batch_size=8, seq_len=128)}
+    args = ap.Namespace(model=model, depth=depth, policy=None, budget=None, seed=0, seq_len=None,
+                        width=None, batch_size=None)
+    vars(args).update(sizes[model])
+    return pure_step_loss(make_task(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.plans", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="8 blocks only")
+    parser.add_argument("--out", default="bench-out")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args(argv)
+    from remat.planner import _time_side_by_side, apply_policies, plan
+
+    fixed = {"all: nothing", "all: dots_no_batch", "all: dots", "no checkpoint"}
+    rows = []
+    for model in ("mlp", "transformer"):
+        for depth in ((8,) if args.quick else (8, 16)):
+            loss, step_args = _task(model, depth)
+            cache: dict = {}
+            for budget in (0.25, 0.5, 0.75):
+                t0 = time.perf_counter()
+                p = plan(loss, *step_args, budget=budget, repeat=args.repeat, cache=cache)
+                row = {"model": model, "depth": depth, "budget": budget, "feasible": p.feasible,
+                       "limit_bytes": p.limit_bytes, "none_temp_bytes": p.none_temp_bytes,
+                       "minimum_bytes": p.minimum_bytes, "plan_s": round(time.perf_counter() - t0, 1)}
+                fits = [c for c in p.candidates if c.fits and c.label in fixed]
+                if p.chosen is not None:
+                    row.update(chosen=p.chosen.label, chosen_temp_bytes=p.chosen.temp_bytes)
+                    best = min(fits, key=lambda c: c.measured_ms) if fits else None
+                    contenders = [p.chosen] + ([best] if best is not None else [])
+                    nothing = next((c for c in p.candidates if c.label == "all: nothing"), None)
+                    if nothing is not None and nothing.fits:
+                        contenders.append(nothing)
+                    ms = _time_side_by_side([apply_policies(loss, c.policies) for c in contenders],
+                                            step_args, 0, args.repeat)
+                    row["chosen_ms"] = ms[0]
+                    if best is not None:
+                        row.update(best_fixed=best.label, best_fixed_ms=ms[1], ratio_to_best_fixed=ms[0] / ms[1])
+                    if nothing is not None and nothing.fits:
+                        row.update(nothing_ms=ms[-1], ratio_to_nothing=ms[0] / ms[-1])
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "plans.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    lines = ["| model | depth | budget | plan | temp MiB (limit) | plan ms | best fixed that fits | its ms | ratio | vs nothing |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    mib = 2**20
+    for r in rows:
+        if not r["feasible"]:
+            lines.append(f"| {r['model']} | {r['depth']} | {r['budget']} | cannot be met: minimum "
+                         f"{r['minimum_bytes'] / mib:.1f} MiB ({r['minimum_bytes'] / r['none_temp_bytes']:.2f}) | "
+                         f"- ({r['limit_bytes'] / mib:.1f}) | - | - | - | - | - |")
+            continue
+        lines.append(
+            f"| {r['model']} | {r['depth']} | {r['budget']} | {r['chosen']} | "
+            f"{r['chosen_temp_bytes'] / mib:.1f} ({r['limit_bytes'] / mib:.1f}) | {r['chosen_ms']:.1f} | "
+            f"{r.get('best_fixed', '-')} | {r.get('best_fixed_ms', float('nan')):.1f} | "
+            f"{r.get('ratio_to_best_fixed', float('nan')):.2f} | {r.get('ratio_to_nothing', float('nan')):.2f} |")
+    with open(os.path.join(args.out, "plans.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
