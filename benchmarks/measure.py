@@ -148,24 +148,8 @@ def segments_for(depth: int) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def _status_bytes(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def current_rss() -> int:
-    rss = _status_bytes("VmRSS")
-    if rss is not None:
-        return rss
-    import psutil
-
-    return int(psutil.Process().memory_info().rss)
+from remat.memory import current_rss_bytes as current_rss  # noqa: E402
+from remat.memory import proc_status_bytes as _status_bytes  # noqa: E402
 
 
 def _reset_hwm() -> bool:

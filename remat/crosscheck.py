@@ -641,21 +641,10 @@ def _jax_buffers(model: nnx.Module) -> dict[str, tuple[tuple, Any]]:
 
 # --- gradients -------------------------------------------------------------------------
 
-@dataclass
-class GradientReport:
-    """Per-tensor comparison of a JAX model against its PyTorch twin.
-
-    Attributes:
-      rows: one :class:`Row` per starting weight (mode ``"init"``, kind ``"weight"``), and
-        per mode one per output, parameter gradient, input gradient and running statistic.
-      dtype: ``"float32"`` or ``"float64"``.
-      rtol, atol: the tolerances used.
-    """
+class _RowsVerdict:
+    """``ok``, ``failures`` and ``max_rel`` of a report made of :class:`Row` s."""
 
     rows: list[Row]
-    dtype: str
-    rtol: float
-    atol: float
 
     @property
     def ok(self) -> bool:
@@ -671,6 +660,23 @@ class GradientReport:
     def max_rel(self) -> float:
         """The largest relative error over all rows."""
         return max((r.max_rel for r in self.rows), default=0.0)
+
+
+@dataclass
+class GradientReport(_RowsVerdict):
+    """Per-tensor comparison of a JAX model against its PyTorch twin.
+
+    Attributes:
+      rows: one :class:`Row` per starting weight (mode ``"init"``, kind ``"weight"``), and
+        per mode one per output, parameter gradient, input gradient and running statistic.
+      dtype: ``"float32"`` or ``"float64"``.
+      rtol, atol: the tolerances used.
+    """
+
+    rows: list[Row]
+    dtype: str
+    rtol: float
+    atol: float
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: ``ok``, ``dtype``, tolerances, ``max_rel_err`` and ``rows``."""
@@ -857,7 +863,7 @@ def _training_losses(targets: np.ndarray | None) -> tuple[Callable[..., Any], Ca
 
 
 @dataclass
-class TrainingReport:
+class TrainingReport(_RowsVerdict):
     """Loss curves and final weights of a JAX model and its PyTorch twin after training.
 
     Attributes:
@@ -877,19 +883,6 @@ class TrainingReport:
     dtype: str
     rtol: float
     atol: float
-
-    @property
-    def ok(self) -> bool:
-        """True when the loss curves and every final tensor agree within tolerance."""
-        return all(r.ok for r in self.rows)
-
-    @property
-    def failures(self) -> list[Row]:
-        return [r for r in self.rows if not r.ok]
-
-    @property
-    def max_rel(self) -> float:
-        return max((r.max_rel for r in self.rows), default=0.0)
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "optimizer": self.optimizer, "steps": self.steps, "mode": self.mode,

@@ -446,7 +446,8 @@ class RSSMeasurement:
         return dataclasses.asdict(self)
 
 
-def _status_kib(field: str) -> int | None:
+def proc_status_bytes(field: str) -> int | None:
+    """A byte figure from ``/proc/self/status`` (``VmRSS``, ``VmHWM``, ...); None off Linux."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -457,8 +458,9 @@ def _status_kib(field: str) -> int | None:
     return None
 
 
-def _current_rss() -> int:
-    rss = _status_kib("VmRSS")
+def current_rss_bytes() -> int:
+    """This process's resident memory now (``/proc``, else psutil, else 0)."""
+    rss = proc_status_bytes("VmRSS")
     if rss is not None:
         return rss
     try:
@@ -483,7 +485,7 @@ def _reset_peak() -> bool:
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
-        return _status_kib("VmHWM") is not None
+        return proc_status_bytes("VmHWM") is not None
     except OSError:
         return False
 
@@ -494,11 +496,11 @@ def _measure_here(step: Callable, args: tuple, kwargs: dict, repeat: int) -> RSS
     compiled = jax.jit(step).lower(*args, **kwargs).compile()
     gc.collect()
     # Baseline: inputs on the device and the program compiled, nothing run yet.
-    baseline = _current_rss()
+    baseline = current_rss_bytes()
     exact = _reset_peak()
     for _ in range(repeat):
         jax.block_until_ready(compiled(*args, **kwargs))
-    peak = (_status_kib("VmHWM") if exact else None) or _lifetime_peak()
+    peak = (proc_status_bytes("VmHWM") if exact else None) or _lifetime_peak()
     return RSSMeasurement(peak, baseline, max(0, peak - baseline), _lifetime_peak(), exact)
 
 
