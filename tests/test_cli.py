@@ -47,3 +47,19 @@ def test_demo_json_all_pass(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] and out["torch"]
     assert [r["ok"] for r in out["examples"]] == [True] * 4
+
+
+def test_demo_without_pytorch_runs_the_jax_side_and_names_the_extra(monkeypatch, capsys):
+    import importlib
+
+    from remat.cli.demo import EXAMPLES
+    from remat.examples import seed2_training_loop
+
+    for name in EXAMPLES:  # as if PyTorch were not installed
+        monkeypatch.setattr(importlib.import_module(name), "try_import_torch", lambda: None)
+    full_run = seed2_training_loop.run
+    monkeypatch.setattr(seed2_training_loop, "run", lambda: full_run(size=32, epochs=3))
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "pip install 'remat[torch]'" in out
+    assert out.count("pass") >= 4 and "FAIL" not in out
