@@ -368,8 +368,11 @@ class CompiledMemory:
         get = lambda k: int(getattr(m, k, 0) or 0)  # noqa: E731
         temp, arg, out, alias = (get(k) for k in ("temp_size_in_bytes", "argument_size_in_bytes",
                                                   "output_size_in_bytes", "alias_size_in_bytes"))
-        # XLA:CPU leaves peak_memory_in_bytes at 0; the sum is then the honest bound.
-        peak = get("peak_memory_in_bytes") or (arg + out + temp - alias)
+        # XLA:CPU reports 0, or a figure below its own temp buffer, as peak_memory_in_bytes;
+        # the sum of the live buffers is then the honest bound.
+        peak = get("peak_memory_in_bytes")
+        if peak < temp:
+            peak = arg + out + temp - alias
         return cls(temp, arg, out, alias, get("generated_code_size_in_bytes"), peak)
 
     def to_dict(self) -> dict[str, int]:
