@@ -179,3 +179,27 @@ def test_default_scheduler_defeats_checkpointing():
     # recomputation into the forward pass and per-layer checkpointing saves ~nothing.
     out = run_py(EFFECT, REMAT_KEEP_XLA_FLAGS="1")
     assert out["ckpt"] > 0.85 * out["none"], out
+
+
+_HLO_DIGEST = r"""
+import hashlib, re
+import remat, jax, jax.numpy as jnp
+def loss(ws, x):
+    for w in ws:
+        x = jnp.tanh(x @ w)
+    return (x ** 2).mean()
+ws = [jnp.full((64, 64), 0.01) for _ in range(4)]
+txt = jax.jit(jax.grad(loss)).lower(ws, jnp.ones((8, 64))).compile().as_text()
+print(hashlib.sha1(re.sub(r"^HloModule.*$", "", txt, flags=re.M).encode()).hexdigest())
+"""
+
+
+def test_flag_leaves_code_without_checkpoints_compiled_identically():
+    """The flag only keeps checkpoint barriers, so code without checkpoints compiles the same."""
+    def digest(extra_env):
+        env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "REMAT_KEEP_XLA_FLAGS")}
+        env.update(extra_env)
+        return subprocess.run([sys.executable, "-c", _HLO_DIGEST], env=env, capture_output=True,
+                              text=True, check=True).stdout.strip()
+
+    assert digest({}) == digest({"REMAT_KEEP_XLA_FLAGS": "1"})
