@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -124,4 +125,21 @@ def load_factory(spec: str) -> Factory:
     return factory
 
 
-__all__ = ["MODELS", "NAMES", "ModelEntry", "RematSettings", "load_factory", "cnn", "mlp", "seed", "transformer"]
+def call_factory(factory: Factory, **offered: Any) -> tuple[Any, frozenset[str]]:
+    """Calls a user factory with those of ``offered`` keyword arguments it declares.
+
+    A factory may take ``seed=`` (``remat train``) or ``remat=`` (``remat crosscheck``),
+    or nothing at all.
+
+    Returns:
+      ``(result, names_passed)``.
+    """
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: offer nothing
+        params = {}
+    passed = {k: v for k, v in offered.items() if k in params}
+    return factory(**passed), frozenset(passed)
+
+
+__all__ = ["MODELS", "NAMES", "ModelEntry", "RematSettings", "call_factory", "load_factory", "cnn", "mlp", "seed", "transformer"]

@@ -949,7 +949,7 @@ def compare_training(
     Example:
       >>> r = compare_training(jm, tm, (x,), y, optimizer="adam", steps=5)  # doctest: +SKIP
     """
-    torch = _torch()
+    _torch()  # fail early, with the install hint, when PyTorch is missing
     dtype = _dtype_name(dtype)
     rtol, atol = _tolerances(TRAINING_TOLERANCES, dtype, rtol, atol)
     if optimizer not in OPTIMIZERS:

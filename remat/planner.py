@@ -217,7 +217,8 @@ def plan(
         if prefix is not None:
             pool.append(prefix)
 
-    pool = [dataclasses.replace(c, fits=c.temp_bytes <= limit) for c in _unique(pool)]
+    pool = list({c.label: c for c in pool}.values())  # a policy listed twice is weighed once
+    pool = [dataclasses.replace(c, fits=c.temp_bytes <= limit) for c in pool]
     fitting = [c for c in pool if c.fits]
     if measure and fitting:
         times = _time_side_by_side([apply_policies(step_fn, c.policies) for c in fitting], args, argnums, repeat)
@@ -242,15 +243,6 @@ def _smallest_prefix(evaluate: Callable[[int], Candidate], n: int, limit: int) -
         else:
             lo = mid + 1
     return best
-
-
-def _unique(pool: list[Any]) -> list[Candidate]:
-    seen, out = set(), []
-    for c in pool:
-        if isinstance(c, Candidate) and c.label not in seen:
-            seen.add(c.label)
-            out.append(c)
-    return out
 
 
 def _predicted_ms(compiled: Any) -> float:

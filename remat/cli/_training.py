@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import inspect
 import json
 import logging
 import math
@@ -306,7 +305,7 @@ def factory_task(spec: str, args: argparse.Namespace) -> Task:
     import jax.numpy as jnp
     from flax import nnx
 
-    from models import load_factory
+    from models import call_factory, load_factory
 
     for flag, value in (("--policy", args.policy), ("--budget", args.budget), ("--depth", args.depth),
                         ("--width", args.width), ("--seq-len", args.seq_len), ("--batch-size", args.batch_size)):
@@ -317,11 +316,7 @@ def factory_task(spec: str, args: argparse.Namespace) -> Task:
     except ValueError as e:
         raise UsageError(str(e)) from None
     try:
-        takes_seed = "seed" in inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        takes_seed = False
-    try:
-        built = factory(seed=args.seed) if takes_seed else factory()
+        built, _ = call_factory(factory, seed=args.seed)
     except Exception as e:
         raise UsageError(f"{spec}: the factory raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
     if not (isinstance(built, tuple) and len(built) == 3 and isinstance(built[0], nnx.Module)):

@@ -14,7 +14,6 @@ Exit codes: 0 all within tolerance, 1 something out of tolerance, 2 bad usage.
 from __future__ import annotations
 
 import argparse
-import inspect
 from typing import Any
 
 from remat.cli._common import EXIT_CHECK_FAILED, EXIT_OK, UsageError, print_json, print_table
@@ -64,7 +63,7 @@ def _is_factory_spec(model: str) -> bool:
 
 def _load(args: argparse.Namespace, settings: Any) -> tuple[Any, Any, tuple, Any, Any, str]:
     """``(jax_model, torch_model, inputs, targets, whole_model_checkpoint, remat_label)``."""
-    from models import MODELS, load_factory
+    from models import MODELS, call_factory, load_factory
 
     if not _is_factory_spec(args.model):
         if args.model not in MODELS:
@@ -78,11 +77,8 @@ def _load(args: argparse.Namespace, settings: Any) -> tuple[Any, Any, tuple, Any
         factory = load_factory(args.model)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    try:
-        takes_remat = "remat" in inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        takes_remat = False
-    result = factory(remat=settings) if takes_remat else factory()
+    result, passed = call_factory(factory, remat=settings)
+    takes_remat = "remat" in passed
     if not isinstance(result, tuple) or len(result) not in (3, 4):
         raise UsageError(f"{args.model} must return (jax_model, torch_model, example_inputs[, targets]), "
                          f"got {type(result).__name__}")
