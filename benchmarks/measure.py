@@ -288,10 +288,9 @@ _OUTER = {"transformer": ("wte", "wpe", "ln_f", "head"), "mlp": ("inp", "head")}
 
 
 def _jax_act(name: str) -> Callable:
-    import jax
+    from models.mlp import jax_activation  # the model's own (remat.ops) activations
 
-    return {"relu": jax.nn.relu, "tanh": jax.numpy.tanh,
-            "gelu": functools.partial(jax.nn.gelu, approximate=False)}[name]
+    return jax_activation(name)
 
 
 # --------------------------------------------------------------------------------------
@@ -654,18 +653,22 @@ def prepare_model(
     for v in jax_variants:
         prog = jax_program(built, v)
         row = _row("jax", model, depth, v, n_threads)
+        t0 = time.perf_counter()
         row.update(jax_saved_bytes(prog.loss, prog.params, prog.x, prog.y))
         row["temp_bytes"] = int(jax_temp_bytes(prog))
         row["compile_s"] = round(prog.compile_s, 3)
         entries.append((row, prog.step, None))
-        log(f"jax {model} depth {depth} {v}: compiled in {prog.compile_s:.1f}s")
+        log(f"jax {model} depth {depth} {v}: compiled in {prog.compile_s:.1f}s, "
+            f"residuals analysed in {time.perf_counter() - t0:.1f}s")
     for v in torch_variants:
+        t0 = time.perf_counter()
         prog = torch_program(built, v)
         row = _row("torch", model, depth, v, n_threads)
         row.update(torch_saved_bytes(prog))
         row["temp_bytes"] = None
         row["compile_s"] = None
         entries.append((row, prog.step, prog.zero))
+        log(f"torch {model} depth {depth} {v}: saved tensors counted in {time.perf_counter() - t0:.1f}s")
     return Prepared(model, depth, entries)
 
 
@@ -788,7 +791,9 @@ def main(argv: list[str] | None = None) -> None:
                 ts = worker.round(steps)
                 print("BENCH_ROUND " + json.dumps([round(t * 1e3, 3) for t in ts]), flush=True)
             else:
+                t0 = time.perf_counter()
                 result = worker.run(steps)
+                log(f"timed part (warm-up, peak RSS, {steps} rounds) took {time.perf_counter() - t0:.1f}s")
                 break
         elif cmd == "DONE":
             break

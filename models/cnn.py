@@ -32,6 +32,7 @@ import numpy as np
 from flax import nnx
 
 import remat
+from remat import ops
 from models._settings import RematSettings, jax_block, torch_block
 from models._twin import build_pair
 
@@ -91,7 +92,7 @@ class ConvBlock(nnx.Module):
         self.pool = pool
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = jax.nn.relu(self.bn(remat.checkpoint_name(self.conv(x), "conv_out")))
+        x = ops.relu(self.bn(remat.checkpoint_name(self.conv(x), "conv_out")))
         pool = nnx.max_pool if self.pool == "max" else nnx.avg_pool
         return pool(x, window_shape=(2, 2), strides=(2, 2))
 

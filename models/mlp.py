@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 import remat
+from remat import ops
 from models._settings import RematSettings, jax_block, torch_block
 from models._twin import build_pair
 
@@ -45,9 +46,9 @@ class MLPConfig:
             raise ValueError(f"MLPConfig(activation={self.activation!r}): use one of {', '.join(ACTIVATIONS)}")
 
 
-def _jax_act(name: str):
-    return {"relu": jax.nn.relu, "gelu": functools.partial(jax.nn.gelu, approximate=False),
-            "tanh": jax.numpy.tanh}[name]
+def jax_activation(name: str):
+    """The activation ``name`` from :mod:`remat.ops` (PyTorch's saved tensors, JAX's values)."""
+    return {"relu": ops.relu, "gelu": ops.gelu, "tanh": ops.tanh}[name]
 
 
 class Block(nnx.Module):
@@ -58,7 +59,7 @@ class Block(nnx.Module):
         self.activation = activation
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return _jax_act(self.activation)(remat.checkpoint_name(self.linear(x), "mlp_hidden"))
+        return jax_activation(self.activation)(remat.checkpoint_name(self.linear(x), "mlp_hidden"))
 
 
 class MLP(nnx.Module):
@@ -72,7 +73,7 @@ class MLP(nnx.Module):
         self.settings = config.remat
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = _jax_act(self.activation)(self.inp(x))
+        x = jax_activation(self.activation)(self.inp(x))
         for i, block in enumerate(self.blocks):
             x = jax_block(self.settings, i, block, x, tagged=CHECKPOINT_NAMES)
         return self.head(x)

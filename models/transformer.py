@@ -4,7 +4,9 @@ Token + learned position embeddings (``wte``, ``wpe``), ``depth`` pre-LayerNorm 
 (causal multi-head self-attention, fused ``qkv`` or separate ``q``/``k``/``v``, then a
 4x-wide MLP with exact erf GELU), a final LayerNorm ``ln_f`` and an LM head without bias.
 Attention is written out (scores, causal mask, softmax) in both frameworks so that the
-two compute the same thing step by step. Inside each block the attention output is tagged
+two compute the same thing step by step. LayerNorm, softmax and GELU are the
+:mod:`remat.ops` versions: the same values as Flax's and ``jax.nn``'s, with backward
+passes that keep what PyTorch's keep. Inside each block the attention output is tagged
 ``"attn_out"`` and the MLP pre-activation ``"mlp_hidden"``.
 
 The block stack is the list ``model.blocks``: ``remat.checkpoint_sequential(model.blocks,
@@ -27,6 +29,7 @@ import numpy as np
 from flax import nnx
 
 import remat
+from remat import ops
 from models._settings import RematSettings, jax_block, torch_block
 from models._twin import build_pair
 
@@ -53,7 +56,8 @@ class TransformerConfig:
 
 
 def _layer_norm(width: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
-    return nnx.LayerNorm(width, epsilon=LN_EPS, use_fast_variance=False, rngs=rngs)
+    # remat.ops.LayerNorm: nnx.LayerNorm's parameters and values, PyTorch's saved tensors
+    return ops.LayerNorm(width, epsilon=LN_EPS, use_fast_variance=False, rngs=rngs)
 
 
 class Attention(nnx.Module):
@@ -80,8 +84,9 @@ class Attention(nnx.Module):
         q, k, v = (a.reshape(b, t, self.heads, hd).transpose(0, 2, 1, 3) for a in (q, k, v))
         scores = (q @ k.transpose(0, 1, 3, 2)) / math.sqrt(hd)
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-        scores = jnp.where(causal, scores, -jnp.inf)
-        y = jax.nn.softmax(scores, axis=-1) @ v
+        # masked entries come out 0, as after torch's masked_fill(-inf); the backward
+        # keeps only the probabilities (jnp.where + jax.nn.softmax keep three more arrays)
+        y = ops.softmax(scores, axis=-1, where=causal) @ v
         return self.proj(y.transpose(0, 2, 1, 3).reshape(b, t, c))
 
 
@@ -94,7 +99,7 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         h = remat.checkpoint_name(self.fc(x), "mlp_hidden")
-        return self.proj(jax.nn.gelu(h, approximate=False))
+        return self.proj(ops.gelu(h))
 
 
 class Block(nnx.Module):

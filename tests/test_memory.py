@@ -251,15 +251,25 @@ def test_compiled_bytes_order_nothing_dots_none_after_import_remat():
     assert abs(res["everything"] - res["none"]) < 0.01 * res["none"], res  # up to a few literals
 
 
+def test_profile_cli_handles_batchnorm_models(capsys):
+    from remat.cli import main
+
+    rc = main(["profile", "cnn", "--depth", "2", "--width", "4", "--steps", "1", "--policies", "none,nothing", "--json"])
+    assert rc == 0, capsys.readouterr().err
+    none, nothing = json.loads(capsys.readouterr().out)["results"]
+    assert nothing["residual_bytes"] < none["residual_bytes"]
+    assert nothing["temp_bytes"] < none["temp_bytes"]
+
+
 def test_profile_cli_json_and_errors(capsys, tmp_path):
     from remat.cli import main
 
     png = tmp_path / "p.png"
-    rc = main(["profile", "mlp", "--depth", "2", "--width", "32", "--batch-size", "16", "--steps", "2",
-               "--policies", "none,nothing", "--plot", str(png), "--json"])
+    rc = main(["profile", "transformer", "--depth", "2", "--width", "16", "--seq-len", "8", "--batch-size", "4",
+               "--steps", "2", "--policies", "none,nothing", "--plot", str(png), "--json"])
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["model"] == "mlp" and [r["policy"] for r in d["results"]] == ["none", "nothing"]
+    assert d["model"] == "transformer" and [r["policy"] for r in d["results"]] == ["none", "nothing"]
     assert d["results"][1]["residual_bytes"] < d["results"][0]["residual_bytes"]
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert main(["profile", "resnet"]) == 2

@@ -167,6 +167,11 @@ BAD = [
     (["mlp", "--devices", "0"], ["--devices"]),
     (["mlp", "--devices", "3", "--batch-size", "32"], ["split evenly"]),
     (["mlp", "--steps", "0"], ["--steps"]),
+    (["mlp", "--coordinator", "localhost:1234"], ["needs all of --coordinator", "--num-processes", "--process-id"]),
+    (["mlp", "--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"], ["HOST:PORT"]),
+    (["mlp", "--coordinator", "h:1", "--num-processes", "2", "--process-id", "2"], ["--process-id 2", "0..1"]),
+    (["mlp", "--coordinator", "h:1", "--num-processes", "2", "--process-id", "0", "--devices", "3"],
+     ["global count", "multiple of 2"]),
     (["mlp", "--resume"], ["--resume needs --save-dir"]),
     (["mlp", "--save-dir", _under_a_file], ["not writable"]),
     (["mlp", "--resume", "--save-dir", _garbage_dir], ["no save to resume from", "notes.txt"]),
@@ -229,6 +234,34 @@ def test_four_devices_give_the_one_device_losses(capsys, mlp_run, model):
     one = mlp_run if model == "mlp" else train(capsys, model, "--steps", steps, *TINY[model])
     assert one["devices"] == 1
     np.testing.assert_allclose(four["losses"], one["losses"], rtol=2e-5, atol=1e-6)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_one_process_losses(mlp_run):
+    """A real multi-process run: 2 processes on this machine, 2 CPU devices each, gloo collectives."""
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    coordinator = f"127.0.0.1:{_free_port()}"
+    procs = [subprocess.Popen([sys.executable, "-m", "remat", "train", "mlp", "--steps", "20", "--devices", "4",
+                               "--json", *TINY["mlp"], "--coordinator", coordinator, "--num-processes", "2",
+                               "--process-id", str(i)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+             for i in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+    runs = [json.loads(out) for out, _ in outs]
+    for run in runs:
+        assert run["devices"] == 4
+        np.testing.assert_allclose(run["losses"], mlp_run["losses"], rtol=2e-5, atol=1e-6)
+    assert runs[0]["losses"] == runs[1]["losses"]  # the same replicated loss on both
 
 
 def _finished_saves(directory: str) -> list[int]:

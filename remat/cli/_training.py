@@ -32,14 +32,16 @@ on CPU sets ``jax_num_cpu_devices`` before JAX's backend starts (the same as
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N``; flags already in XLA_FLAGS, such
 as the XLA:CPU flag ``import remat`` adds, are kept).
 
-Multi-host: start one process per host with ``REMAT_DISTRIBUTED=1`` (the loop then calls
-``jax.distributed.initialize()``, which reads the coordinator address, process count and
-process id from the cluster environment or from ``JAX_COORDINATOR_ADDRESS`` and friends).
-The mesh spans ``jax.devices()`` (every device of every host; pass no ``--devices`` or the
-global count); every host computes the same global batch from ``(seed, step)`` and feeds
-only its rows through ``jax.make_array_from_process_local_data``; the jitted step is the
-same program everywhere. Orbax coordinates the saves across hosts. (The multi-host path
-is written to JAX's documented recipe but is exercised here only with one process.)
+Multi-host: start one process per host with ``--coordinator HOST:PORT --num-processes P
+--process-id I`` (passed to ``jax.distributed.initialize``), or with ``REMAT_DISTRIBUTED=1``
+on a cluster JAX recognizes (SLURM, Open MPI, Kubernetes...), where ``initialize()`` finds
+them itself. The mesh spans ``jax.devices()``, every device of every process; ``--devices
+N`` is the global count (on CPU each process makes ``N / P`` host devices). Every process
+computes the same global batch from ``(seed, step)`` and feeds only its rows through
+``jax.make_array_from_process_local_data``; the jitted step is the same program everywhere
+and XLA's collectives (gloo on CPU) do the gradient all-reduce. Orbax coordinates the
+saves across processes. A test runs two processes on one machine (2 CPU devices each)
+and checks their losses against the one-process, 4-device run.
 
 Save and resume
 ---------------
@@ -73,6 +75,7 @@ from remat.cli._common import EXIT_CHECK_FAILED, EXIT_OK, UsageError, print_json
 TEACHER_SEED = 20240601  # fixed: every run regresses onto the same teacher
 IMAGE_SEED = 20240602  # fixed: the CNN's class templates
 MAX_HOST_DEVICES = 256  # a sanity bound for --devices on CPU
+DISTRIBUTED_TIMEOUT_S = 120  # how long a process waits for the others to join
 DEFAULT_SEQ_LEN = 32
 CORPUS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                       "models", "data", "corpus.txt")
@@ -82,20 +85,43 @@ DEFAULT_LR = {"sgd": 0.1, "adam": 3e-3, "adamw": 3e-3}
 
 # --------------------------------------------------------------------------- devices
 
-def setup_devices(n: int | None) -> list[Any]:
-    """The devices to train on; makes ``n`` CPU host devices when JAX has not started yet."""
+def _start_distributed(args: Any) -> int:
+    """Joins a multi-process run when asked to; returns the number of processes."""
+    import jax
+
+    if getattr(args, "coordinator", None) is not None:
+        try:
+            jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
+                                       process_id=args.process_id, initialization_timeout=DISTRIBUTED_TIMEOUT_S)
+        except Exception as e:  # a wrong address or a missing peer: say so in one line
+            raise UsageError(f"--coordinator {args.coordinator}: could not join the {args.num_processes}-process "
+                             f"run as process {args.process_id} ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                             "start every process with the same --coordinator and --num-processes") from None
+        return int(args.num_processes)
+    if os.environ.get("REMAT_DISTRIBUTED") == "1":
+        jax.distributed.initialize()  # the cluster (SLURM, Kubernetes, ...) says who is who
+        return jax.process_count()
+    return 1
+
+
+def setup_devices(n: int | None, args: Any = None) -> list[Any]:
+    """The devices to train on; makes ``n`` CPU host devices when JAX has not started yet.
+
+    ``n`` is the global device count: in a run of P processes each makes ``n / P``.
+    """
     import jax
 
     from remat._xla_flags import _backend_state
 
-    if os.environ.get("REMAT_DISTRIBUTED") == "1":
-        jax.distributed.initialize()
     started, _ = _backend_state()
+    n_proc_asked = getattr(args, "num_processes", None) or 1
     if n is not None and n > 1 and not started:
-        if n > MAX_HOST_DEVICES:
+        local = n // n_proc_asked
+        if local > MAX_HOST_DEVICES:
             raise UsageError(f"--devices {n}: at most {MAX_HOST_DEVICES} devices can be made on a host")
-        if jax.config.jax_num_cpu_devices < n:
-            jax.config.update("jax_num_cpu_devices", n)
+        if jax.config.jax_num_cpu_devices < local:
+            jax.config.update("jax_num_cpu_devices", local)
+    _start_distributed(args)
     devices = jax.devices()
     if n is None:
         return devices
@@ -601,7 +627,7 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(f"--resume: {args.save_dir!r} does not exist; run without --resume to start a new run there")
         check_writable(args.save_dir, "--save-dir")
 
-    devices = setup_devices(args.devices)
+    devices = setup_devices(args.devices, args)
     n_dev = len(devices)
 
     import jax
@@ -800,21 +826,20 @@ def pure_step_loss(task: Task) -> tuple[Callable[..., Any], tuple]:
 
     For the tools that compile and compare whole training steps (``remat plan``,
     ``remat profile``): the NNX model is split into its parameters, differentiated with
-    respect to them, and merged back inside the function.
+    respect to them, and merged back inside the function. A BatchNorm model runs in
+    training mode (batch statistics), as in ``remat train``; the running averages it
+    updates are left out of the result, so they are not part of what is compiled.
     """
     import jax.numpy as jnp
     from flax import nnx
 
-    if nnx.state(task.model, nnx.BatchStat):
-        # Flax refuses to update BatchNorm statistics under a plain jax.grad of a merged
-        # model (TraceContextError, with or without checkpoints); only nnx.grad may.
-        raise UsageError(f"{task.name} keeps BatchNorm statistics, which this command cannot compile "
-                         "under jax.grad yet; use mlp or transformer (remat train works for it)")
     inputs, targets = task.batch(0)
     graphdef, params, rest = nnx.split(task.model, nnx.Param, ...)
 
     def loss(params: Any, inputs: tuple, targets: Any) -> Any:
-        model = nnx.merge(graphdef, params, rest)
+        # copy=True: fresh Variables of this trace, so that BatchNorm may update its
+        # statistics here (on the merged copy; the update is not part of the result)
+        model = nnx.merge(graphdef, params, rest, copy=True)
         return task.loss(model(*inputs), inputs, targets)
 
     return loss, (params, tuple(jnp.asarray(x) for x in inputs), jnp.asarray(targets))

@@ -46,6 +46,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=None, help="transformer context length (default 32)")
     parser.add_argument("--devices", type=int, default=None, metavar="N",
                         help="data-parallel over N devices (on CPU: N host devices; default: every device JAX sees)")
+    parser.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                        help="multi-process run: address of process 0 (jax.distributed.initialize); "
+                             "needs --num-processes and --process-id; --devices is then the global count")
+    parser.add_argument("--num-processes", type=int, default=None, metavar="P",
+                        help="multi-process run: how many processes take part")
+    parser.add_argument("--process-id", type=int, default=None, metavar="I",
+                        help="multi-process run: this process's index, 0 to P-1")
     parser.add_argument("--save-dir", default=None, metavar="DIR",
                         help="save params, optimizer state, step and loss history here (atomic; the last 2 kept)")
     parser.add_argument("--every", type=int, default=10, metavar="K", help="save every K steps (default 10) and at the end")
@@ -75,6 +82,7 @@ def validate(args: argparse.Namespace) -> None:
             f"use a multiple of {args.devices}")
     if args.every < 1:
         raise UsageError(f"--every must be at least 1, got {args.every}")
+    _validate_distributed(args)
     for name in ("depth", "width", "seq_len"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -83,6 +91,25 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError("--resume needs --save-dir DIR (the directory an earlier run saved into)")
     if args.step_delay < 0:
         raise UsageError("--step-delay must not be negative")
+
+
+def _validate_distributed(args: argparse.Namespace) -> None:
+    given = [f for f in ("coordinator", "num_processes", "process_id") if getattr(args, f) is not None]
+    if not given:
+        return
+    if len(given) < 3:
+        raise UsageError("a multi-process run needs all of --coordinator HOST:PORT, --num-processes P and "
+                         "--process-id I (the same first two on every process)")
+    host, _, port = args.coordinator.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--coordinator {args.coordinator!r}: expected HOST:PORT, e.g. 10.0.0.1:1234")
+    if args.num_processes < 1:
+        raise UsageError(f"--num-processes must be at least 1, got {args.num_processes}")
+    if not 0 <= args.process_id < args.num_processes:
+        raise UsageError(f"--process-id {args.process_id}: must be in 0..{args.num_processes - 1}")
+    if args.devices is not None and args.devices % args.num_processes:
+        raise UsageError(f"--devices {args.devices} (the global count) does not split evenly over "
+                         f"--num-processes {args.num_processes}; use a multiple of {args.num_processes}")
 
 
 def run(args: argparse.Namespace) -> int:

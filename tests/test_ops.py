@@ -1,0 +1,142 @@
+"""remat.ops: jax.nn's values and gradients, with PyTorch's (smaller) saved set."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import remat
+from remat import ops
+
+EPS = 1e-5
+
+
+def _ln_reference(x, scale, bias):
+    mean = x.mean(-1, keepdims=True)
+    var = jnp.square(x - mean).mean(-1, keepdims=True)
+    return (x - mean) / jnp.sqrt(var + EPS) * scale + bias
+
+
+def _data(shape=(3, 5, 16), seed=0, dtype=jnp.float32):
+    return jax.random.normal(jax.random.PRNGKey(seed), shape, dtype)
+
+
+MASK = jnp.tril(jnp.ones((5, 16), bool))
+
+# (name, lean op, reference op); each takes one array
+UNARY = [
+    ("gelu", ops.gelu, lambda v: jax.nn.gelu(v, approximate=False)),
+    ("gelu_tanh", lambda v: ops.gelu(v, approximate=True), lambda v: jax.nn.gelu(v, approximate=True)),
+    ("relu", ops.relu, jax.nn.relu),
+    ("tanh", ops.tanh, jnp.tanh),
+    ("softmax", ops.softmax, jax.nn.softmax),
+    ("softmax_axis0", lambda v: ops.softmax(v, axis=0), lambda v: jax.nn.softmax(v, axis=0)),
+    ("masked_softmax", lambda v: ops.softmax(v, where=MASK),
+     lambda v: jax.nn.softmax(jnp.where(MASK, v, -jnp.inf), axis=-1)),
+    ("layer_norm", lambda v: ops.layer_norm(v, jnp.linspace(0.5, 2, 16), jnp.linspace(-1, 1, 16)),
+     lambda v: _ln_reference(v, jnp.linspace(0.5, 2, 16), jnp.linspace(-1, 1, 16))),
+]
+IDS = [u[0] for u in UNARY]
+
+
+def _weighted(f):
+    # a non-uniform cotangent, so that a wrong backward cannot cancel out
+    w = jnp.cos(jnp.arange(3 * 5 * 16, dtype=jnp.float32).reshape(3, 5, 16))
+    return lambda v: jnp.sum(f(v) * w.astype(v.dtype))
+
+
+@pytest.mark.parametrize("name,lean,reference", UNARY, ids=IDS)
+def test_values_and_gradients_equal_reference(name, lean, reference):
+    x = _data()
+    np.testing.assert_allclose(lean(x), reference(x), rtol=1e-6, atol=1e-6)
+    g_lean = jax.grad(_weighted(lean))(x)
+    g_ref = jax.grad(_weighted(reference))(x)
+    np.testing.assert_allclose(g_lean, g_ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,lean,reference", UNARY, ids=IDS)
+def test_keeps_fewer_residual_bytes(name, lean, reference):
+    x = _data()
+    lean_bytes = remat.saved_residuals(_weighted(lean), x).residual_bytes
+    ref_bytes = remat.saved_residuals(_weighted(reference), x).residual_bytes
+    assert lean_bytes < ref_bytes, (name, lean_bytes, ref_bytes)
+
+
+def test_layer_norm_keeps_input_mean_and_rstd_only():
+    x, scale, bias = _data(), jnp.ones(16), jnp.zeros(16)
+    report = remat.saved_residuals(lambda v, s, b: ops.layer_norm(v, s, b).sum(), x, scale, bias)
+    computed = sorted(tuple(r.shape) for r in report.residuals if not r.is_argument)
+    assert computed == [(3, 5, 1), (3, 5, 1)]  # mean and 1/std; x, scale, bias are arguments
+
+
+def test_layer_norm_parameter_gradients_match_reference():
+    x, scale, bias = _data(), jnp.linspace(0.5, 2, 16), jnp.linspace(-1, 1, 16)
+    loss = lambda fn: (lambda s, b: jnp.sum(fn(x, s, b) ** 3))  # noqa: E731
+    lean = jax.grad(loss(ops.layer_norm), argnums=(0, 1))(scale, bias)
+    ref = jax.grad(loss(_ln_reference), argnums=(0, 1))(scale, bias)
+    for a, b in zip(lean, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+
+
+def test_layer_norm_module_matches_flax_and_falls_back_with_mask():
+    x = _data()
+    lean = ops.LayerNorm(16, epsilon=EPS, use_fast_variance=False, rngs=nnx.Rngs(0))
+    flax_ln = nnx.LayerNorm(16, epsilon=EPS, use_fast_variance=False, rngs=nnx.Rngs(0))
+    assert isinstance(lean, nnx.LayerNorm)
+    assert jax.tree.structure(nnx.state(lean)) == jax.tree.structure(nnx.state(flax_ln))
+    np.testing.assert_allclose(lean(x), flax_ln(x), rtol=1e-5, atol=1e-5)
+    mask = x > -10  # everything in: the masked path is Flax's own
+    np.testing.assert_allclose(lean(x, mask=mask), flax_ln(x, mask=mask), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_half_precision_keeps_dtype_and_is_close(dtype):
+    x = _data(dtype=dtype)
+    for name, lean, reference in UNARY:
+        y = lean(x)
+        g = jax.grad(_weighted(lean))(x)
+        assert y.dtype == dtype and g.dtype == dtype, name
+        ref = reference(x.astype(jnp.float32))
+        np.testing.assert_allclose(y.astype(jnp.float32), ref, rtol=5e-2, atol=5e-2, err_msg=name)
+
+
+@pytest.mark.parametrize("policy", ["nothing", "dots", "everything"])
+def test_inside_checkpoint_gradients_are_unchanged(policy):
+    x = _data()
+    scale = jnp.linspace(0.5, 2, 16)
+
+    def block(v, s):
+        h = ops.layer_norm(v, s)
+        return ops.softmax(ops.gelu(h) @ jnp.eye(16), where=MASK) * ops.tanh(ops.relu(h))
+
+    plain = jax.grad(lambda v, s: jnp.sum(block(v, s) ** 2), argnums=(0, 1))(x, scale)
+    ckpt = jax.grad(lambda v, s: jnp.sum(remat.checkpoint(block, v, s, policy=policy) ** 2),
+                    argnums=(0, 1))(x, scale)
+    for a, b in zip(plain, ckpt):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_vmap_and_scan_compose():
+    x = _data()
+    per_row = jax.vmap(jax.grad(lambda v: jnp.sum(ops.gelu(ops.layer_norm(v)) ** 2)))(x)
+    whole = jax.grad(lambda v: jnp.sum(ops.gelu(ops.layer_norm(v)) ** 2))(x)
+    np.testing.assert_allclose(per_row, whole, rtol=1e-5, atol=1e-6)
+
+    def scanned(v):
+        return jax.lax.scan(lambda c, _: (ops.tanh(c), None), v, None, length=3)[0].sum()
+
+    ref = jax.grad(lambda v: jnp.tanh(jnp.tanh(jnp.tanh(v))).sum())(x)
+    np.testing.assert_allclose(jax.grad(scanned)(x), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_relu_gradient_at_zero_is_zero_like_jax():
+    x = jnp.array([-1.0, 0.0, 2.0])
+    np.testing.assert_array_equal(jax.grad(lambda v: ops.relu(v).sum())(x), [0.0, 0.0, 1.0])
+    np.testing.assert_array_equal(jax.grad(lambda v: jax.nn.relu(v).sum())(x), [0.0, 0.0, 1.0])
+
+
+def test_layer_norm_rejects_mis_shaped_parameters():
+    with pytest.raises(ValueError, match=r"scale \(8,\) and bias \(16,\) must both have shape \(16,\)"):
+        ops.layer_norm(_data(), jnp.ones(8), jnp.zeros(16))
