@@ -615,6 +615,35 @@ def write_plot(path: str, losses: list[float], title: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    """``remat train``; returns the exit code (see :mod:`remat.cli.train` for the options)."""
+    if getattr(args, "coordinator", None) is None and os.environ.get("REMAT_DISTRIBUTED") != "1":
+        return _main(args)
+    with _native_stdout_to_stderr():
+        return _main(args)
+
+
+@contextlib.contextmanager
+def _native_stdout_to_stderr() -> Any:
+    """Sends what native code writes to file descriptor 1 to stderr; Python's stdout stays.
+
+    Gloo (XLA:CPU's cross-process collectives) prints its connection messages to the C
+    stdout, which would break ``--json``'s one-object output.
+    """
+    sys.stdout.flush()
+    real = os.dup(1)
+    os.dup2(2, 1)
+    python_stdout = sys.stdout
+    sys.stdout = open(real, "w", buffering=1, closefd=False)  # noqa: SIM115
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stdout = python_stdout
+        os.dup2(real, 1)
+        os.close(real)
+
+
+def _main(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     if args.plot:
         parent = os.path.dirname(os.path.abspath(args.plot))
