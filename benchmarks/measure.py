@@ -126,7 +126,7 @@ SIZES: dict[str, Sizes] = {
         "quick", (4, 8, 16),
         transformer=dict(vocab=256, width=128, heads=4, seq_len=64, batch=4),
         mlp=dict(in_dim=512, width=512, out_dim=16, batch=128, activation="relu"),
-        steps=5,
+        steps=7,
         probe_depth=8,
     ),
     "full": Sizes(

@@ -50,6 +50,8 @@ class Candidate:
     predicted_ms: float | None = None
     measured_ms: float | None = None
     fits: bool | None = None
+    # the compiled jit(grad(step)), kept so that timing does not compile it a second time
+    compiled: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "policies": [_spec_label(p) for p in self.policies],
@@ -198,11 +200,11 @@ def plan(
         return cache[label]
 
     def _compile_candidate(label: str, specs: tuple[Any, ...]) -> Candidate:
-        fn = apply_policies(step_fn, specs)
-        compiled = jax.jit(jax.grad(fn, argnums=argnums)).lower(*args).compile()
-        # one compile gives both the exact temp bytes and the FLOPs/bytes for the time model
+        compiled = compile_step(apply_policies(step_fn, specs), args, argnums)
+        # one compile gives the exact temp bytes, the FLOPs/bytes for the time model and
+        # the executable that is timed
         temp = int(compiled.memory_analysis().temp_size_in_bytes)
-        return Candidate(label, specs, temp_bytes=temp, predicted_ms=_predicted_ms(compiled))
+        return Candidate(label, specs, temp_bytes=temp, predicted_ms=_predicted_ms(compiled), compiled=compiled)
 
     none = evaluate("no checkpoint", (NONE,) * n)
     limit = int(budget * none.temp_bytes)
@@ -221,7 +223,7 @@ def plan(
     pool = [dataclasses.replace(c, fits=c.temp_bytes <= limit) for c in pool]
     fitting = [c for c in pool if c.fits]
     if measure and fitting:
-        times = _time_side_by_side([apply_policies(step_fn, c.policies) for c in fitting], args, argnums, repeat)
+        times = time_side_by_side([c.compiled for c in fitting], args, repeat)
         timed = {c.label: t for c, t in zip(fitting, times)}
         pool = [dataclasses.replace(c, measured_ms=timed.get(c.label)) for c in pool]
         fitting = [c for c in pool if c.fits]
@@ -256,16 +258,26 @@ def _predicted_ms(compiled: Any) -> float:
     return 1e3 * (flops / _RATES["flops_per_s"] + moved / _RATES["bytes_per_s"])
 
 
-def _time_side_by_side(fns: list[Callable[..., Any]], args: tuple, argnums: Any, repeat: int) -> list[float]:
-    """Median step ms of each function, timed in interleaved rounds (fair on a noisy machine)."""
-    steps = [jax.jit(jax.grad(f, argnums=argnums)) for f in fns]
+def compile_step(fn: Callable[..., Any], args: tuple, argnums: Any = 0) -> Any:
+    """``jax.jit(jax.grad(fn, argnums))`` compiled for ``args``."""
+    return jax.jit(jax.grad(fn, argnums=argnums)).lower(*args).compile()
+
+
+def time_side_by_side(steps: list[Callable[..., Any]], args: tuple, repeat: int) -> list[float]:
+    """Median ms of each compiled step, timed in interleaved rounds (fair on a noisy machine).
+
+    Each round runs every step once, in an order that rotates from round to round, so that
+    a slow spell of the machine, or the step that happens to run first, is shared out.
+    """
     for s in steps:
-        jax.block_until_ready(s(*args))  # compile and warm up
+        jax.block_until_ready(s(*args))  # warm up
     samples: list[list[float]] = [[] for _ in steps]
-    for _ in range(repeat):
-        for i, s in enumerate(steps):
+    n = len(steps)
+    for r in range(repeat):
+        for j in range(n):
+            i = (j + r) % n
             t = time.perf_counter()
-            jax.block_until_ready(s(*args))
+            jax.block_until_ready(steps[i](*args))
             samples[i].append(1e3 * (time.perf_counter() - t))
     return [statistics.median(x) for x in samples]
 
