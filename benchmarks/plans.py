@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"model": model, "depth": depth, "budget": budget, "feasible": p.feasible,
                        "limit_bytes": p.limit_bytes, "none_temp_bytes": p.none_temp_bytes,
                        "minimum_bytes": p.minimum_bytes, "plan_s": round(time.perf_counter() - t0, 1)}
+                row["candidates"] = [{"label": c.label, "temp_bytes": c.temp_bytes, "fits": c.fits,
+                                      "measured_ms": c.measured_ms} for c in p.candidates]
                 fits = [c for c in p.candidates if c.fits and c.label in fixed]
                 if p.chosen is not None:
                     row.update(chosen=p.chosen.label, chosen_temp_bytes=p.chosen.temp_bytes)
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                     if nothing is not None and nothing.fits:
                         row.update(nothing_ms=ms[-1], ratio_to_nothing=ms[0] / ms[-1])
                 rows.append(row)
-                print(json.dumps(row), file=sys.stderr)
+                print(json.dumps({k: v for k, v in row.items() if k != "candidates"}), file=sys.stderr)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "plans.json"), "w") as f:
         json.dump(rows, f, indent=1)

@@ -6,6 +6,7 @@ The public surface::
     remat.checkpoint_sequential(functions, segments, input)
     remat.checkpoint_name(x, "name")                 # tag a value for name-based policies
     remat.policies                                   # named and composable policies
+    remat.ops                                        # LayerNorm, GELU, ... keeping PyTorch's saved set
 
 Importing ``remat`` is cheap: it sets XLA's CPU flags (before any JAX backend starts;
 see :mod:`remat._xla_flags`) and loads the rest on first use, so ``remat --help`` does
@@ -32,6 +33,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "policies": ("remat.policies", None),
     "memory": ("remat.memory", None),
     "scan": ("remat.scan", None),
+    "ops": ("remat.ops", None),
     "saved_residuals": ("remat.memory", "saved_residuals"),
     "compiled_memory": ("remat.memory", "compiled_memory"),
     "compare_policies": ("remat.memory", "compare_policies"),
@@ -47,7 +49,7 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from jax.ad_checkpoint import checkpoint_name
 
-    from remat import memory, policies, scan
+    from remat import memory, ops, policies, scan
     from remat.memory import compare_policies, compiled_memory, peak_rss_bytes, saved_residuals
     from remat.planner import plan
     from remat.scan import scan_layers, scan_nnx_layers, stack_nnx_layers
