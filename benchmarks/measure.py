@@ -88,7 +88,11 @@ NAMES_POLICY: dict[str, tuple[str, ...]] = {
     "mlp": ("mlp_hidden",),
 }
 
-#: Seconds of idle time before each timed step (not timed).
+#: Seconds of idle time when the timing switches framework (not timed): long enough for
+#: the other framework's spinning worker threads (PyTorch's OpenMP team, XLA's pool) to
+#: go to sleep. Steps of one framework run back to back, as in a training loop: an idle
+#: gap before every step made XLA:CPU's steps ~40% slower (its pool falls asleep), which
+#: is not what a training loop sees.
 GAP_S = 0.02
 
 _POLICY: dict[str, Any] = {"nothing": "nothing", "dots": "dots", "dots_no_batch": "dots_no_batch"}
@@ -599,9 +603,10 @@ class Prepared:
     def run(self, steps: int) -> list[dict[str, Any]]:
         """Warm-up, one peak-RSS step per variant, then ``steps`` interleaved timed rounds.
 
-        A short pause (:data:`GAP_S`) precedes each timed step, so that the previous
-        step's spinning worker threads (XLA's Eigen pool, PyTorch's OpenMP team) are
-        idle before the next one starts: the frameworks share this process.
+        In each round every variant runs once, grouped by framework: one framework's
+        variants back to back (their order rotating from round to round), a pause of
+        :data:`GAP_S`, an untimed step of the first variant of the next group (it wakes
+        that framework's threads), then that group; which framework goes first alternates.
         """
         if steps < 1:
             raise ValueError(f"steps must be at least 1, got {steps}")
@@ -613,13 +618,19 @@ class Prepared:
         malloc_mode("time")
         for _, step, _ in self.entries:  # settle the heap in timing mode
             _timed(step)
+        groups: dict[str, list[int]] = {}
+        for i, (row, _, _) in enumerate(self.entries):
+            groups.setdefault(row["framework"], []).append(i)
+        order = list(groups.values())
         times: list[list[float]] = [[] for _ in self.entries]
-        n = len(self.entries)
         for r in range(steps):
-            for j in range(n):
-                i = (j + r) % n  # rotate the order each round
+            for group in order[r % len(order):] + order[:r % len(order)]:
+                k = r % len(group)
+                group = group[k:] + group[:k]
                 time.sleep(GAP_S)
-                times[i].append(_timed(self.entries[i][1]))
+                _timed(self.entries[group[0]][1])  # wake this framework's threads
+                for i in group:
+                    times[i].append(_timed(self.entries[i][1]))
         rows = []
         for (row, _, _), ts in zip(self.entries, times):
             row = dict(row)
@@ -722,10 +733,9 @@ class NoneProbe:
         self.program.step()  # warm-up
 
     def round(self, steps: int) -> list[float]:
-        ts = []
-        for _ in range(steps):
-            time.sleep(GAP_S)
-            ts.append(_timed(self.program.step))
+        time.sleep(GAP_S)
+        _timed(self.program.step)  # wakes XLA's threads after the other probe's turn
+        ts = [_timed(self.program.step) for _ in range(steps)]
         self.times.extend(ts)
         return ts
 

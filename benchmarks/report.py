@@ -194,9 +194,11 @@ def markdown(rows: list[dict], probes: list[dict], meta: dict[str, Any]) -> str:
         "over 128 KiB so freed ones return to the kernel (for the timed steps it is set back to "
         "reuse its heap). Includes the gradients the step returns.",
         "* **step ms**: median of the timed training steps (loss + gradients; JAX jitted, "
-        "`block_until_ready`; PyTorch forward + `backward()`) after a warm-up, with a 20 ms idle "
-        "gap before each timed step; all variants of both frameworks for one "
-        "(model, depth) timed in interleaved rounds in one process. **overhead**: over the "
+        "`block_until_ready`; PyTorch forward + `backward()`) after a warm-up; all variants of "
+        "both frameworks for one (model, depth) timed in interleaved rounds in one process, "
+        "each framework's variants back to back as in a training loop (a 20 ms pause and one "
+        "untimed step whenever the timing switches framework, so neither's spinning threads "
+        "slow the other). **overhead**: over the "
         "same framework's `none`.",
         f"* Variants: `names` saves {meta.get('names_policy', {})}; `sequential` uses "
         "round(sqrt(depth)) segments in both frameworks (`remat.checkpoint_sequential`, "

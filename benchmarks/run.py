@@ -323,11 +323,10 @@ def run_benchmark(sizes: Sizes, out: str | os.PathLike, *, models: tuple[str, ..
         "The PyTorch models are the twins of models/ with identical weights; torch checkpoints "
         "use preserve_rng_state=True (the default).",
         "Timings on a shared machine: see load average above; ratios come from interleaved rounds.",
-        "JAX saved_bytes vs PyTorch for `nothing`: the checkpointed blocks keep the same block "
-        "inputs in both; the difference comes from the un-checkpointed prologue/epilogue, where "
-        "JAX's autodiff keeps more than PyTorch's fused backward formulas (final LayerNorm: "
-        "x - mean, the normalised x and the output, vs PyTorch's input, mean and rstd; relu: an "
-        "extra bool mask). Compare temp_bytes for what XLA really allocates.",
+        "JAX saved_bytes vs PyTorch: the checkpointed blocks keep the same block inputs in both; "
+        "outside them the models' LayerNorm, GELU, masked softmax and ReLU are remat.ops, whose "
+        "custom VJPs keep what PyTorch's backward formulas keep (jax.nn's would keep up to 1.9x "
+        "more). Compare temp_bytes for what XLA really allocates.",
     ]
     meta = {
         "sizes": sizes.name, "depths": list(depths), "models": list(models), "steps": steps or sizes.steps,
