@@ -244,24 +244,32 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_two_processes_give_the_one_process_losses(mlp_run):
-    """A real multi-process run: 2 processes on this machine, 2 CPU devices each, gloo collectives."""
+def _two_processes(*argv: str) -> list[dict]:
+    """``remat train`` as 2 processes on this machine (2 CPU devices each, gloo collectives)."""
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
     coordinator = f"127.0.0.1:{_free_port()}"
-    procs = [subprocess.Popen([sys.executable, "-m", "remat", "train", "mlp", "--steps", "20", "--devices", "4",
-                               "--json", *TINY["mlp"], "--coordinator", coordinator, "--num-processes", "2",
-                               "--process-id", str(i)],
+    procs = [subprocess.Popen([sys.executable, "-m", "remat", "train", *argv, "--devices", "4", "--json",
+                               "--coordinator", coordinator, "--num-processes", "2", "--process-id", str(i)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
              for i in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]
-    runs = [json.loads(out) for out, _ in outs]
-    for run in runs:
-        assert run["devices"] == 4
-        np.testing.assert_allclose(run["losses"], mlp_run["losses"], rtol=2e-5, atol=1e-6)
-    assert runs[0]["losses"] == runs[1]["losses"]  # the same replicated loss on both
+    return [json.loads(out) for out, _ in outs]
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_one_process_losses_and_resume(mlp_run, tmp_path):
+    """A real multi-process run, saved half-way with orbax and resumed by both processes."""
+    save = str(tmp_path / "run")
+    first = _two_processes("mlp", "--steps", "10", "--every", "5", "--save-dir", save, *TINY["mlp"])
+    resumed = _two_processes("mlp", "--steps", "20", "--resume", "--save-dir", save, *TINY["mlp"])
+    for a, b in zip(first, resumed):
+        assert a["devices"] == b["devices"] == 4 and a["processes"] == 2
+        assert b["resumed_from"] == 10
+        np.testing.assert_allclose(b["losses"], mlp_run["losses"], rtol=2e-5, atol=1e-6)
+        assert b["losses"][:10] == a["losses"]
+    assert resumed[0]["losses"] == resumed[1]["losses"]  # the same replicated loss on both
 
 
 def _finished_saves(directory: str) -> list[int]:

@@ -40,8 +40,8 @@ N`` is the global count (on CPU each process makes ``N / P`` host devices). Ever
 computes the same global batch from ``(seed, step)`` and feeds only its rows through
 ``jax.make_array_from_process_local_data``; the jitted step is the same program everywhere
 and XLA's collectives (gloo on CPU) do the gradient all-reduce. Orbax coordinates the
-saves across processes. A test runs two processes on one machine (2 CPU devices each)
-and checks their losses against the one-process, 4-device run.
+saves across processes. A test runs two processes on one machine (2 CPU devices each),
+saves half-way, resumes both, and checks their losses against the one-process run.
 
 Save and resume
 ---------------
