@@ -42,7 +42,8 @@ import numpy as np
 
 # Recompute-cost rates (FLOP/s for matmul-like work, bytes/s for memory-bound work);
 # calibrate() replaces them with figures measured on this machine.
-_RATES = {"flops_per_s": 2.0e10, "bytes_per_s": 5.0e9}
+_RATES = {"flops_per_s": 2.0e10, "bytes_per_s": 5.0e9}  # until calibrate() measures this machine
+_calibrated = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,9 +265,16 @@ def calibrate(size: int = 512, repeat: int = 5) -> dict[str, float]:
             times.append(time.perf_counter() - t)
         return max(min(times), 1e-9)
 
+    global _calibrated
     _RATES["flops_per_s"] = 2 * size**3 / best(mm, a)
     _RATES["bytes_per_s"] = 2 * v.nbytes / best(ew, v)
+    _calibrated = True
     return dict(_RATES)
+
+
+def calibrate_once() -> dict[str, float]:
+    """:func:`calibrate` on first use in this process (about a second); the rates after."""
+    return calibrate() if not _calibrated else dict(_RATES)
 
 
 def op_cost(primitive: str, avals: Sequence[Any], params: dict, out_bytes: int) -> float:

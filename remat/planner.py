@@ -193,6 +193,9 @@ def plan(
         raise ValueError("plan() found no remat.checkpoint region in step_fn: checkpoint its blocks first")
 
     cache = {} if cache is None else cache
+    from remat.budget import calibrate_once
+
+    calibrate_once()  # predicted_ms at this machine's FLOP and byte rates, not defaults
 
     def evaluate(label: str, specs: tuple[Any, ...]) -> Candidate:
         if label not in cache:

@@ -54,6 +54,13 @@ def test_plan_fits_or_says_why_and_gradients_match():
     g0 = jax.grad(lambda ws: loss(ws, X))(WS)
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g0)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    # the predictions use this machine's measured rates, not the built-in defaults
+    from remat import budget as budget_module
+
+    assert budget_module._calibrated and budget_module._RATES["flops_per_s"] != 2.0e10
+    assert all(c.predicted_ms > 0 for c in p.candidates)
+    # the timed executables are the compiled candidates themselves (no second compile)
+    assert all(c.compiled is not None for c in p.candidates)
     tiny = plan(loss, WS, X, budget=1e-6, measure=False, budget_fractions=())
     assert not tiny.feasible and tiny.chosen is None
     assert tiny.minimum_bytes == min(c.temp_bytes for c in tiny.candidates)
