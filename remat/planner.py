@@ -17,14 +17,18 @@ that fit are timed side by side, and the fastest measured one is the plan. The b
 a fraction of the un-checkpointed step's compiled temp memory. When nothing fits, the
 plan says so and gives the smallest temp memory any candidate reached.
 
-Scan over layers (:mod:`remat.scan`) changes the program's structure rather than a
-policy, so it is not a candidate here; its memory is in the benchmark's tables.
+* for a step that runs stacks of layers with :func:`remat.scan.scan_layers` (or
+  ``scan_nnx_layers``): the scan's policy and its segment length, i.e. one flat scan
+  checkpointed per layer, or ``k`` checkpointed groups of ``N / k`` layers for every
+  divisor ``k`` of the depth (√N groups is the classic anchor; the planner measures them
+  all). Linen's ``LinenScanLayers`` is taken as written.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,6 +37,7 @@ from typing import Any
 import jax
 
 from remat import _checkpoint
+from remat import scan as _scan
 from remat.budget import Budget
 from remat.policies import PolicySpec, policy_name, resolve_policy
 
@@ -50,11 +55,14 @@ class Candidate:
     predicted_ms: float | None = None
     measured_ms: float | None = None
     fits: bool | None = None
+    # every scan over layers: (policy, groups), groups None for a flat scan; None: as written
+    scan: tuple[Any, int | None] | None = None
     # the compiled jit(grad(step)), kept so that timing does not compile it a second time
     compiled: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "policies": [_spec_label(p) for p in self.policies],
+                "scan": None if self.scan is None else {"policy": _spec_label(self.scan[0]), "groups": self.scan[1]},
                 "temp_bytes": self.temp_bytes, "predicted_ms": self.predicted_ms,
                 "measured_ms": self.measured_ms, "fits": self.fits}
 
@@ -80,7 +88,7 @@ class Plan:
                 f"found is {self.minimum_bytes} bytes ({self.minimum_bytes / self.none_temp_bytes:.2f} "
                 "of no checkpoint); raise the budget or use remat.scan"
             )
-        return apply_policies(step_fn, self.chosen.policies)
+        return apply_policies(step_fn, self.chosen.policies, scan=self.chosen.scan)
 
     def to_dict(self) -> dict[str, Any]:
         return {"budget": self.budget, "limit_bytes": self.limit_bytes,
@@ -132,12 +140,37 @@ def _region_policies(policies: Sequence[Any]) -> Iterator[list[int]]:
         _checkpoint._REGION_OVERRIDE.reset(token)
 
 
-def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any]) -> Callable[..., Any]:
-    """``step_fn`` whose i-th checkpointed region uses ``policies[i]`` (``"none"``: no checkpoint)."""
+@contextlib.contextmanager
+def _scan_choice(choice: tuple[Any, int | None] | None) -> Iterator[list[int]]:
+    """Makes every scan over layers traced in this context use ``choice`` ``(policy, groups)``."""
+    depths: list[int] = []
+
+    def override(depth: int, policy: Any, groups: int | None) -> tuple[Any, int | None]:
+        depths.append(depth)
+        if choice is None:
+            return policy, groups
+        new_policy, new_groups = choice
+        return (policy if new_policy == AS_WRITTEN else new_policy), new_groups
+
+    token = _scan._SCAN_OVERRIDE.set(override)
+    try:
+        yield depths
+    finally:
+        _scan._SCAN_OVERRIDE.reset(token)
+
+
+def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
+                   scan: tuple[Any, int | None] | None = None) -> Callable[..., Any]:
+    """``step_fn`` whose i-th checkpointed region uses ``policies[i]`` (``"none"``: no checkpoint).
+
+    ``scan=(policy, groups)`` also re-decides every :func:`remat.scan.scan_layers` in the
+    step: its per-layer policy (``"none"``: no checkpoint) and ``groups`` checkpointed
+    groups (None: one flat scan).
+    """
     policies = tuple(policies)
 
     def planned(*args: Any, **kwargs: Any) -> Any:
-        with _region_policies(policies):
+        with _region_policies(policies), _scan_choice(scan):
             return step_fn(*args, **kwargs)
 
     planned.__name__ = getattr(step_fn, "__name__", "step")
@@ -146,11 +179,28 @@ def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any]) -> Call
 
 def count_regions(step_fn: Callable[..., Any], *args: Any) -> int:
     """How many checkpointed regions one trace of ``step_fn(*args)`` goes through."""
-    with _region_policies(()) as seen:
+    return _survey(step_fn, *args)[0]
+
+
+def scan_depths(step_fn: Callable[..., Any], *args: Any) -> list[int]:
+    """The depth of every scan over layers one trace of ``step_fn(*args)`` runs."""
+    return _survey(step_fn, *args)[1]
+
+
+def _survey(step_fn: Callable[..., Any], *args: Any) -> tuple[int, list[int]]:
+    with _region_policies(()) as seen, _scan_choice(None) as depths:
         # a fresh function each time: JAX caches traces per function, and a cached trace
         # would not run the Python code whose regions are being counted
         jax.eval_shape(lambda *a: step_fn(*a), *args)
-    return seen[0]
+    return seen[0], depths
+
+
+def _common_divisors(depths: Sequence[int]) -> list[int]:
+    """Group counts that divide every scan's depth, excluding 1 and the depth itself."""
+    g = 0
+    for d in depths:
+        g = math.gcd(g, d)
+    return [k for k in range(2, g) if g % k == 0]
 
 
 def plan(
@@ -188,35 +238,46 @@ def plan(
     """
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1:
         raise ValueError(f"plan(budget=...) must be a fraction in (0, 1], got {budget!r}")
-    n = count_regions(step_fn, *args)
-    if n == 0:
-        raise ValueError("plan() found no remat.checkpoint region in step_fn: checkpoint its blocks first")
+    n, depths = _survey(step_fn, *args)
+    if n == 0 and not depths:
+        raise ValueError("plan() found no remat.checkpoint region or remat.scan_layers in step_fn: "
+                         "checkpoint its blocks first")
 
     cache = {} if cache is None else cache
     from remat.budget import calibrate_once
 
     calibrate_once()  # predicted_ms at this machine's FLOP and byte rates, not defaults
 
-    def evaluate(label: str, specs: tuple[Any, ...]) -> Candidate:
+    def evaluate(label: str, specs: tuple[Any, ...], scan: tuple[Any, int | None] | None = None) -> Candidate:
         if label not in cache:
-            cache[label] = _compile_candidate(label, specs)
+            cache[label] = _compile_candidate(label, specs, scan)
         return cache[label]
 
-    def _compile_candidate(label: str, specs: tuple[Any, ...]) -> Candidate:
-        compiled = compile_step(apply_policies(step_fn, specs), args, argnums)
+    def _compile_candidate(label: str, specs: tuple[Any, ...], scan: tuple[Any, int | None] | None) -> Candidate:
+        compiled = compile_step(apply_policies(step_fn, specs, scan), args, argnums)
         # one compile gives the exact temp bytes, the FLOPs/bytes for the time model and
         # the executable that is timed
         temp = int(compiled.memory_analysis().temp_size_in_bytes)
-        return Candidate(label, specs, temp_bytes=temp, predicted_ms=_predicted_ms(compiled), compiled=compiled)
+        return Candidate(label, specs, temp_bytes=temp, predicted_ms=_predicted_ms(compiled),
+                         scan=scan, compiled=compiled)
 
-    none = evaluate("no checkpoint", (NONE,) * n)
+    # without any checkpoint: no region checkpointed and every scan unchecked and flat
+    none = evaluate("no checkpoint", (NONE,) * n, (NONE, None) if depths else None)
     limit = int(budget * none.temp_bytes)
     pool: list[Candidate] = [none, evaluate("as written", (AS_WRITTEN,) * n)]
-    for p in policies:
+    for p in policies if n else ():
         pool.append(evaluate(f"all: {policy_name(p)}", (p,) * n))
-    for f in budget_fractions:
+    for f in budget_fractions if n else ():
         pool.append(evaluate(f"all: budget({f})", (Budget(f),) * n))
+    if depths:
+        # the regions as written (e.g. inside the scanned layer); every scan re-decided
+        for p in policies:
+            for groups in [None, *_common_divisors(depths)]:
+                shape = "flat" if groups is None else f"{groups} groups"
+                pool.append(evaluate(f"scan: {policy_name(p)}, {shape}", (AS_WRITTEN,) * n, (p, groups)))
     for rest in (NONE, "dots"):
+        if n < 2:
+            break
         prefix = _smallest_prefix(lambda k: evaluate(f"first {k}: nothing, rest {rest}",
                                                       ("nothing",) * k + (rest,) * (n - k)), n, limit)
         if prefix is not None:

@@ -36,6 +36,7 @@ Example:
 """
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -140,6 +141,19 @@ def best_segments(depth: int) -> int:
     return min(divisors, key=lambda k: (k + depth // k, k))
 
 
+# A planner (remat.plan) may re-decide every scan while it is traced: it sets a function
+# ``(depth, policy, groups) -> (policy, groups)`` here (groups None: one flat scan).
+_SCAN_OVERRIDE: contextvars.ContextVar[Callable[[int, Any, int | None], tuple[Any, int | None]] | None] = \
+    contextvars.ContextVar("remat_scan_override", default=None)
+
+
+def _scan_plan(depth: int, policy: Any, segments: int | None, nested: bool) -> tuple[Any, int | None]:
+    """``(policy, groups)`` of one scan: as called, or as a planner re-decides it."""
+    k = _num_segments(depth, segments, nested)
+    override = _SCAN_OVERRIDE.get()
+    return (policy, k) if override is None else override(depth, policy, k)
+
+
 def _num_segments(depth: int, segments: int | None, nested: bool) -> int | None:
     if segments is None:
         return best_segments(depth) if nested else None
@@ -196,7 +210,7 @@ def scan_layers(
       >>> g = jax.grad(f)(params, jnp.ones((2, 8)))
     """
     depth = _depth(params)
-    k = _num_segments(depth, segments, nested)
+    policy, k = _scan_plan(depth, policy, segments, nested)
 
     def step(h, p):
         return layer(p, h), None
@@ -312,7 +326,7 @@ def scan_nnx_layers(
     # Non-parameter state (batch stats, RNG counts): each layer returns its updated
     # slice as a scan output, written back into `layers` after the loop.
     depth = _depth(params)
-    k = _num_segments(depth, segments, nested)
+    policy, k = _scan_plan(depth, policy, segments, nested)
 
     def step(h, p):
         return layer(p, h)

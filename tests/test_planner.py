@@ -92,3 +92,43 @@ def test_plan_cli_json_and_bad_budget(capsys):
     assert {"no checkpoint", "all: nothing", "all: dots"} <= {c["label"] for c in out["candidates"]}
     assert main(["plan", "mlp", "--budget", "0"]) == 2
     assert "--budget 0.0: use a fraction in (0, 1]" in capsys.readouterr().err
+
+
+def _scan_step():
+    depth, width = 8, 32
+
+    def layer(p, h):
+        return h + jnp.tanh(jax.nn.gelu(h @ p["w1"]) @ p["w2"])
+
+    params = {"w1": jnp.stack([jnp.eye(width) * 0.3] * depth), "w2": jnp.stack([jnp.eye(width) * 0.2] * depth)}
+    x = jnp.linspace(-1, 1, 64 * width).reshape(64, width)
+
+    def step(p, x):
+        return (remat.scan_layers(layer, p, x, policy="dots") ** 2).mean()
+
+    return step, params, x
+
+
+def test_plan_chooses_the_scan_policy_and_segment_length():
+    from remat.memory import compiled_memory
+    from remat.planner import scan_depths
+
+    step, params, x = _scan_step()
+    assert scan_depths(step, params, x) == [8] and count_regions(step, params, x) == 0
+    p = plan(step, params, x, budget=0.6, measure=False)
+    labels = {c.label for c in p.candidates}
+    for policy in ("nothing", "dots_no_batch", "dots"):
+        assert {f"scan: {policy}, flat", f"scan: {policy}, 2 groups", f"scan: {policy}, 4 groups"} <= labels
+    none = next(c for c in p.candidates if c.label == "no checkpoint")
+    assert none.scan == ("none", None)  # the baseline leaves the scan unchecked
+    assert all(c.temp_bytes <= none.temp_bytes for c in p.candidates)
+    assert p.feasible and p.chosen.temp_bytes <= p.limit_bytes and p.chosen.scan is not None
+    applied = p.apply(step)
+    assert compiled_memory(applied, params, x).temp_bytes == p.chosen.temp_bytes
+    g, g0 = jax.grad(applied)(params, x), jax.grad(step)(params, x)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g0)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    nested = apply_policies(step, (), scan=("nothing", 4))
+    for a, b in zip(jax.tree.leaves(jax.grad(nested)(params, x)), jax.tree.leaves(g0)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    assert p.to_dict()["chosen"]["scan"]["policy"] in ("nothing", "dots_no_batch", "dots")
