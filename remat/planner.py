@@ -225,7 +225,8 @@ def plan(
       policies: fixed policies tried on every region.
       budget_fractions: fractions of :func:`remat.policies.budget` tried on every region.
       repeat: timed steps per fitting candidate (the median is used).
-      measure: time the fitting candidates (otherwise choose by predicted time).
+      measure: time the fitting candidates (otherwise choose by predicted time; XLA's cost
+        analysis counts a loop body once, so predictions of scan candidates are far too low).
       cache: a dict to reuse compiled candidates across calls with the same ``step_fn``
         and argument shapes (e.g. several budgets for one model).
 
