@@ -8,10 +8,10 @@ NNX model and its PyTorch twin, with identical weights), prepares every JAX vari
     What the backward pass keeps, **parameters excluded**, model inputs and targets
     included, in both frameworks:
 
-    * JAX: the residuals of the loss of the parameters (inputs closed over), listed by
-      :func:`remat.memory.saved_residuals` (its ``total_bytes`` is kept as
-      ``residual_total_bytes``); ``saved_bytes`` counts those that depend on the batch,
-      found by a dependency pass over the jaxpr of the same ``jax.vjp``. Left out (as
+    * JAX: the residuals of ``jax.vjp`` of the loss of the parameters (the outputs of
+      its jaxpr that the backward closes over, as :func:`remat.memory.saved_residuals`
+      lists them), all of them as ``residual_total_bytes``; ``saved_bytes`` counts those
+      that depend on the batch, found by a dependency pass over that jaxpr. Left out (as
       ``saved_param_bytes``): parameters and values computed from parameters and
       constants alone (the reshape of stacked parameters that the nested scan keeps,
       the causal mask, the broadcast zeros of relu's derivative).
@@ -54,7 +54,6 @@ import remat  # first: sets XLA_FLAGS before any JAX backend starts (see remat._
 
 import argparse
 import dataclasses
-import functools
 import gc
 import json
 import math
@@ -291,12 +290,6 @@ def build(model: str, depth: int, sizes: Sizes, seed: int = 0) -> Built:
 _OUTER = {"transformer": ("wte", "wpe", "ln_f", "head"), "mlp": ("inp", "head")}
 
 
-def _jax_act(name: str) -> Callable:
-    from models.mlp import jax_activation  # the model's own (remat.ops) activations
-
-    return jax_activation(name)
-
-
 # --------------------------------------------------------------------------------------
 # JAX
 # --------------------------------------------------------------------------------------
@@ -340,6 +333,7 @@ def jax_loss(built: Built, variant: str) -> tuple[Callable, Any]:
     import jax.numpy as jnp
     from flax import nnx
 
+    from models.mlp import jax_activation  # the model's own (remat.ops) activations
     from remat.scan import scan_layers
 
     if variant not in JAX_VARIANTS:
@@ -354,7 +348,7 @@ def jax_loss(built: Built, variant: str) -> tuple[Callable, Any]:
     scanned = variant in ("scan", "scan_nested")
     blocks = jax.tree.map(lambda *a: jnp.stack(a), *block_states) if scanned else block_states
     params = {"outer": outer_params, "blocks": blocks}
-    act = _jax_act(getattr(built.config, "activation", "relu"))
+    act = jax_activation(getattr(built.config, "activation", "relu"))
 
     def prologue(outer: dict, x: Any) -> Any:
         if model == "transformer":
@@ -437,8 +431,8 @@ def _nbytes(aval: Any) -> int:
 def jax_saved_bytes(loss: Callable, params: Any, x: Any, y: Any) -> dict[str, int]:
     """``saved_bytes``, ``saved_param_bytes`` and ``residual_total_bytes`` of the loss of params.
 
-    ``residual_total_bytes`` is :func:`remat.memory.saved_residuals` ``(loss of params)``
-    ``.total_bytes`` (inputs closed over). ``saved_bytes`` counts the residuals that depend
+    ``residual_total_bytes`` is every residual, deduplicated (the sum of the two, as for
+    PyTorch in :func:`torch_saved_bytes`). ``saved_bytes`` counts the residuals that depend
     on the batch (inputs and targets included); the others (``saved_param_bytes``) are
     the parameters and what is computed from parameters and constants alone, such as the
     reshape of stacked parameters in the nested scan, the causal mask or the broadcast
@@ -448,10 +442,6 @@ def jax_saved_bytes(loss: Callable, params: Any, x: Any, y: Any) -> dict[str, in
     """
     import jax
     from jax._src import core
-
-    from remat.memory import saved_residuals
-
-    report = saved_residuals(functools.partial(_call_closed, loss, x=x, y=y), params)
 
     def vjp_of_params(p: Any, xx: Any, yy: Any) -> Any:
         return jax.vjp(lambda q: loss(q, xx, yy), p)
@@ -473,11 +463,7 @@ def jax_saved_bytes(loss: Callable, params: Any, x: Any, y: Any) -> dict[str, in
         else:
             param_bytes += _nbytes(v.aval)
     return {"saved_bytes": int(data_bytes), "saved_param_bytes": int(param_bytes),
-            "residual_total_bytes": int(report.total_bytes)}
-
-
-def _call_closed(loss: Callable, params: Any, *, x: Any, y: Any) -> Any:
-    return loss(params, x, y)
+            "residual_total_bytes": int(data_bytes + param_bytes)}
 
 
 def jax_temp_bytes(program: JaxProgram) -> int:

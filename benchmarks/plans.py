@@ -54,22 +54,19 @@ def main(argv: list[str] | None = None) -> int:
                 if p.chosen is not None:
                     row.update(chosen=p.chosen.label, chosen_temp_bytes=p.chosen.temp_bytes)
                     best = min(fits, key=lambda c: c.measured_ms) if fits else None
-                    contenders = [p.chosen] + ([best] if best is not None else [])
-                    nothing = next((c for c in p.candidates if c.label == "all: nothing"), None)
-                    if nothing is not None and nothing.fits:
-                        contenders.append(nothing)
+                    nothing = next((c for c in p.candidates if c.label == "all: nothing" and c.fits), None)
                     # one program is timed once, however many roles it has (the plan may be
                     # the best fixed policy, or nothing itself): timing it against itself
                     # measures only the machine's noise
-                    unique = list({c.label: c for c in contenders}.values())
-                    unique_ms = time_side_by_side([c.compiled for c in unique], step_args, 2 * args.repeat)
-                    by_label = {c.label: t for c, t in zip(unique, unique_ms)}
-                    ms = [by_label[c.label] for c in contenders]
-                    row["chosen_ms"] = ms[0]
+                    unique = {c.label: c for c in (p.chosen, best, nothing) if c is not None}
+                    ms = dict(zip(unique, time_side_by_side([c.compiled for c in unique.values()],
+                                                            step_args, 2 * args.repeat)))
+                    row["chosen_ms"] = ms[p.chosen.label]
                     if best is not None:
-                        row.update(best_fixed=best.label, best_fixed_ms=ms[1], ratio_to_best_fixed=ms[0] / ms[1])
-                    if nothing is not None and nothing.fits:
-                        row.update(nothing_ms=ms[-1], ratio_to_nothing=ms[0] / ms[-1])
+                        row.update(best_fixed=best.label, best_fixed_ms=ms[best.label],
+                                   ratio_to_best_fixed=ms[p.chosen.label] / ms[best.label])
+                    if nothing is not None:
+                        row.update(nothing_ms=ms[nothing.label], ratio_to_nothing=ms[p.chosen.label] / ms[nothing.label])
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "candidates"}), file=sys.stderr)
     os.makedirs(args.out, exist_ok=True)

@@ -72,8 +72,7 @@ def _ln_stats(x: jax.Array, eps: float) -> tuple[jax.Array, jax.Array, jax.Array
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
-    xf, mean, rstd = _ln_stats(x, eps)
-    return ((xf - mean) * rstd * scale + bias).astype(x.dtype)
+    return _layer_norm_fwd(x, scale, bias, eps)[0]
 
 
 def _layer_norm_fwd(x, scale, bias, eps):

@@ -38,7 +38,7 @@ import jax
 
 from remat import _checkpoint
 from remat import scan as _scan
-from remat.budget import Budget
+from remat.budget import Budget, calibrate_once
 from remat.policies import PolicySpec, policy_name, resolve_policy
 
 NONE = "none"  # a region that is not checkpointed
@@ -245,8 +245,6 @@ def plan(
                          "checkpoint its blocks first")
 
     cache = {} if cache is None else cache
-    from remat.budget import calibrate_once
-
     calibrate_once()  # predicted_ms at this machine's FLOP and byte rates, not defaults
 
     def evaluate(label: str, specs: tuple[Any, ...], scan: tuple[Any, int | None] | None = None) -> Candidate:
@@ -277,8 +275,6 @@ def plan(
                 shape = "flat" if groups is None else f"{groups} groups"
                 pool.append(evaluate(f"scan: {policy_name(p)}, {shape}", (AS_WRITTEN,) * n, (p, groups)))
     for rest in (NONE, "dots"):
-        if n < 2:
-            break
         prefix = _smallest_prefix(lambda k: evaluate(f"first {k}: nothing, rest {rest}",
                                                       ("nothing",) * k + (rest,) * (n - k)), n, limit)
         if prefix is not None:

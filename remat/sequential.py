@@ -42,9 +42,8 @@ def _layers(functions: Any) -> list[Callable[..., Any]]:
                 "the parent module's __call__ (with the Sequential defined in setup())"
             )
         return list(functions.layers)
-    if isinstance(functions, (list, tuple)) or (
-        isinstance(functions, Sequence) and not isinstance(functions, (str, bytes))
-    ):  # also nnx.List and other sequences of layers
+    if isinstance(functions, Sequence) and not isinstance(functions, (str, bytes)):
+        # lists, tuples, nnx.List and other sequences of layers
         return list(functions)
     raise TypeError(
         "checkpoint_sequential expects a list or tuple of callables, an nnx.Sequential or a "

@@ -85,10 +85,17 @@ DEFAULT_LR = {"sgd": 0.1, "adam": 3e-3, "adamw": 3e-3}
 
 # --------------------------------------------------------------------------- devices
 
-def _start_distributed(args: Any) -> int:
-    """Joins a multi-process run when asked to; returns the number of processes."""
+def _distributed(args: Any) -> bool:
+    """Whether this run is one process of several (``--coordinator`` or ``REMAT_DISTRIBUTED=1``)."""
+    return getattr(args, "coordinator", None) is not None or os.environ.get("REMAT_DISTRIBUTED") == "1"
+
+
+def _start_distributed(args: Any) -> None:
+    """Joins a multi-process run when asked to."""
     import jax
 
+    if not _distributed(args):
+        return
     if getattr(args, "coordinator", None) is not None:
         try:
             jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
@@ -97,11 +104,8 @@ def _start_distributed(args: Any) -> int:
             raise UsageError(f"--coordinator {args.coordinator}: could not join the {args.num_processes}-process "
                              f"run as process {args.process_id} ({type(e).__name__}: {str(e).splitlines()[0]}); "
                              "start every process with the same --coordinator and --num-processes") from None
-        return int(args.num_processes)
-    if os.environ.get("REMAT_DISTRIBUTED") == "1":
-        jax.distributed.initialize()  # the cluster (SLURM, Kubernetes, ...) says who is who
-        return jax.process_count()
-    return 1
+    else:
+        jax.distributed.initialize()  # REMAT_DISTRIBUTED=1: the cluster (SLURM, ...) says who is who
 
 
 def setup_devices(n: int | None, args: Any = None) -> list[Any]:
@@ -616,7 +620,7 @@ def write_plot(path: str, losses: list[float], title: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """``remat train``; returns the exit code (see :mod:`remat.cli.train` for the options)."""
-    if getattr(args, "coordinator", None) is None and os.environ.get("REMAT_DISTRIBUTED") != "1":
+    if not _distributed(args):
         return _main(args)
     with _native_stdout_to_stderr():
         return _main(args)
