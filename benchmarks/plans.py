@@ -33,7 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="8 blocks only")
     parser.add_argument("--out", default="bench-out")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="remat.keep_freed_memory() first: glibc keeps freed heap for reuse")
     args = parser.parse_args(argv)
+    if args.keep_freed_memory and not remat.keep_freed_memory():
+        parser.error("--keep-freed-memory needs glibc")
     from remat.planner import plan, time_side_by_side
 
     fixed = {"all: nothing", "all: dots_no_batch", "all: dots", "no checkpoint"}
@@ -46,11 +50,14 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 p = plan(loss, *step_args, budget=budget, repeat=args.repeat, cache=cache)
                 row = {"model": model, "depth": depth, "budget": budget, "feasible": p.feasible,
+                       "keep_freed_memory": args.keep_freed_memory,
                        "limit_bytes": p.limit_bytes, "none_temp_bytes": p.none_temp_bytes,
                        "minimum_bytes": p.minimum_bytes, "plan_s": round(time.perf_counter() - t0, 1)}
                 row["candidates"] = [{"label": c.label, "temp_bytes": c.temp_bytes, "fits": c.fits,
                                       "measured_ms": c.measured_ms} for c in p.candidates]
-                fits = [c for c in p.candidates if c.fits and c.label in fixed]
+                # a fixed policy is one a user could name: the three above, no checkpoint,
+                # or the model's checkpoint names
+                fits = [c for c in p.candidates if c.fits and (c.label in fixed or c.label.startswith("all: names:"))]
                 if p.chosen is not None:
                     row.update(chosen=p.chosen.label, chosen_temp_bytes=p.chosen.temp_bytes)
                     best = min(fits, key=lambda c: c.measured_ms) if fits else None

@@ -42,6 +42,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "stack_nnx_layers": ("remat.scan", "stack_nnx_layers"),
     "scan_nnx_layers": ("remat.scan", "scan_nnx_layers"),
     "plan": ("remat.planner", "plan"),
+    "keep_freed_memory": ("remat._allocator", "keep_freed_memory"),
 }
 
 __all__ = sorted(_EXPORTS)
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from jax.ad_checkpoint import checkpoint_name
 
     from remat import memory, ops, policies, scan
+    from remat._allocator import keep_freed_memory
     from remat.memory import compare_policies, compiled_memory, peak_rss_bytes, saved_residuals
     from remat.planner import plan
     from remat.scan import scan_layers, scan_nnx_layers, stack_nnx_layers

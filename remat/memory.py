@@ -279,19 +279,6 @@ def _saved_residuals_structured(fn: Callable, args: tuple, kwargs: dict) -> list
                 )
             )
 
-    name_p = getattr(adc, "name_p", None)
-    call_hi = getattr(adc, "call_hi_primitive_p", None)
-    checkpoint_name_cls = getattr(adc, "CheckpointName", None)
-
-    def tag(eqn) -> str | None:
-        if name_p is not None and eqn.primitive is name_p:
-            return eqn.params["name"]
-        if call_hi is not None and eqn.primitive is call_hi and checkpoint_name_cls is not None:
-            p = eqn.params.get("_prim")
-            if isinstance(p, checkpoint_name_cls):
-                return p.name
-        return None
-
     for eqn in jaxpr.eqns:
         for v in eqn.outvars:
             if v not in res_vars:
@@ -299,7 +286,7 @@ def _saved_residuals_structured(fn: Callable, args: tuple, kwargs: dict) -> list
             frame = source_info_util.user_frame(eqn.source_info.traceback)
             where = source_info_util.summarize(eqn.source_info) if frame else "unknown"
             prim = eqn.primitive.name
-            name = tag(eqn)
+            name = _checkpoint_name_of(eqn)
             if prim in ("jit", "pjit"):  # produced inside a nested jit: name the function
                 prim = f"jit({eqn.params.get('name', '?')})"
             kind, src = ("named" if name is not None else "output"), where
@@ -312,6 +299,69 @@ def _saved_residuals_structured(fn: Callable, args: tuple, kwargs: dict) -> list
                 )
             )
     return out
+
+
+def _checkpoint_name_of(eqn: Any) -> str | None:
+    """The ``checkpoint_name`` tag an equation applies, or None."""
+    from jax._src import ad_checkpoint as adc
+
+    name_p = getattr(adc, "name_p", None)
+    if name_p is not None and eqn.primitive is name_p:
+        return eqn.params["name"]
+    call_hi = getattr(adc, "call_hi_primitive_p", None)
+    checkpoint_name_cls = getattr(adc, "CheckpointName", None)
+    if call_hi is not None and eqn.primitive is call_hi and checkpoint_name_cls is not None:
+        p = eqn.params.get("_prim")
+        if isinstance(p, checkpoint_name_cls):
+            return p.name
+    return None
+
+
+def _sub_jaxprs(value: Any) -> list[Any]:
+    """The jaxprs inside an equation parameter (scan bodies, checkpointed regions, jit...)."""
+    if hasattr(value, "eqns"):
+        return [value]
+    if hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):  # a ClosedJaxpr
+        return [value.jaxpr]
+    if isinstance(value, (list, tuple)):
+        return [j for v in value for j in _sub_jaxprs(v)]
+    return []
+
+
+def checkpoint_names(fn: Callable, *args: Any, **kwargs: Any) -> list[str]:
+    """Every :func:`remat.checkpoint_name` tag that ``fn(*args, **kwargs)`` applies, in order.
+
+    Looks inside nested jaxprs (checkpointed regions, scans, jits), so the tags of a
+    model's blocks are found wherever the blocks run.
+
+    Args:
+      fn: any traceable function.
+      *args, **kwargs: example arguments (only shapes and dtypes matter).
+
+    Returns:
+      The distinct names, in the order they are first applied.
+
+    Example:
+      >>> import jax.numpy as jnp, remat
+      >>> checkpoint_names(lambda x: remat.checkpoint_name(jnp.sin(x), "h") * 2, jnp.ones(3))
+      ['h']
+    """
+    return names_in_jaxpr(jax.make_jaxpr(lambda *a, **k: fn(*a, **k))(*args, **kwargs).jaxpr)
+
+
+def names_in_jaxpr(jaxpr: Any) -> list[str]:
+    """The distinct ``checkpoint_name`` tags of a jaxpr and its nested jaxprs, in order."""
+    names: dict[str, None] = {}
+    todo = [getattr(jaxpr, "jaxpr", jaxpr)]
+    while todo:
+        jaxpr = todo.pop(0)
+        for eqn in jaxpr.eqns:
+            name = _checkpoint_name_of(eqn)
+            if name is not None:
+                names.setdefault(name)
+            for value in eqn.params.values():
+                todo.extend(_sub_jaxprs(value))
+    return list(names)
 
 
 def _saved_residuals_from_strings(fn: Callable, args: tuple, kwargs: dict) -> list[Residual]:

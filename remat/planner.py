@@ -8,6 +8,7 @@ dispatch): checkpoint it or not, and with which policy. Candidate plans:
 * every fixed named policy on every region (``"nothing"``, ``"dots_no_batch"``,
   ``"dots"``, the user's own policies as written, and no checkpoint at all);
 * the memory-budget policy at several fractions (:mod:`remat.budget`);
+* the values the step tags with ``checkpoint_name``: all names kept, and each alone;
 * which regions to checkpoint: the first ``k`` regions fully rematerialized and the rest
   kept, with ``k`` the smallest that fits (found by bisection; memory falls as ``k`` grows).
 
@@ -39,6 +40,7 @@ import jax
 from remat import _checkpoint
 from remat import scan as _scan
 from remat.budget import Budget, calibrate_once
+from remat.memory import names_in_jaxpr
 from remat.policies import PolicySpec, policy_name, resolve_policy
 
 NONE = "none"  # a region that is not checkpointed
@@ -187,12 +189,13 @@ def scan_depths(step_fn: Callable[..., Any], *args: Any) -> list[int]:
     return _survey(step_fn, *args)[1]
 
 
-def _survey(step_fn: Callable[..., Any], *args: Any) -> tuple[int, list[int]]:
+def _survey(step_fn: Callable[..., Any], *args: Any) -> tuple[int, list[int], list[str]]:
+    """The step's checkpointed regions, scan depths and checkpoint names, from one trace."""
     with _region_policies(()) as seen, _scan_choice(None) as depths:
         # a fresh function each time: JAX caches traces per function, and a cached trace
         # would not run the Python code whose regions are being counted
-        jax.eval_shape(lambda *a: step_fn(*a), *args)
-    return seen[0], depths
+        jaxpr = jax.make_jaxpr(lambda *a: step_fn(*a))(*args)
+    return seen[0], depths, names_in_jaxpr(jaxpr)
 
 
 def _common_divisors(depths: Sequence[int]) -> list[int]:
@@ -239,7 +242,7 @@ def plan(
     """
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1:
         raise ValueError(f"plan(budget=...) must be a fraction in (0, 1], got {budget!r}")
-    n, depths = _survey(step_fn, *args)
+    n, depths, names = _survey(step_fn, *args)
     if n == 0 and not depths:
         raise ValueError("plan() found no remat.checkpoint region or remat.scan_layers in step_fn: "
                          "checkpoint its blocks first")
@@ -268,6 +271,11 @@ def plan(
         pool.append(evaluate(f"all: {policy_name(p)}", (p,) * n))
     for f in budget_fractions if n else ():
         pool.append(evaluate(f"all: budget({f})", (Budget(f),) * n))
+    # the values the model's author tagged with checkpoint_name: all of them, and each
+    # alone while there are few (a tag marks a value worth keeping, e.g. an attention
+    # output that is costly to recompute and small to keep)
+    for group in ([tuple(names)] + ([(m,) for m in names] if 1 < len(names) <= 4 else [])) if n and names else ():
+        pool.append(evaluate(f"all: {policy_name(group)}", (group,) * n))
     if depths:
         # the regions as written (e.g. inside the scanned layer); every scan re-decided
         for p in policies:

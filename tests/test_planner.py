@@ -132,3 +132,35 @@ def test_plan_chooses_the_scan_policy_and_segment_length():
     for a, b in zip(jax.tree.leaves(jax.grad(nested)(params, x)), jax.tree.leaves(g0)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
     assert p.to_dict()["chosen"]["scan"]["policy"] in ("nothing", "dots_no_batch", "dots")
+
+
+def tagged_block(w, x):
+    h = remat.checkpoint_name(jax.nn.gelu(x @ w[0]), "hidden")
+    return x + jnp.tanh(remat.checkpoint_name(h @ w[1], "out"))
+
+
+def tagged_loss(ws, x):
+    for w in ws:
+        x = remat.checkpoint(tagged_block, w, x)
+    return (x**2).mean()
+
+
+def test_plan_tries_the_checkpoint_names_the_step_tags():
+    from remat.memory import checkpoint_names
+
+    assert checkpoint_names(tagged_loss, WS, X) == ["hidden", "out"]
+    p = plan(tagged_loss, WS, X, budget=1.0, repeat=1, budget_fractions=())
+    by_label = {c.label: c for c in p.candidates}
+    both, hidden = by_label["all: names:hidden,out"], by_label["all: names:hidden"]
+    assert "all: names:out" in by_label
+    assert both.policies == (("hidden", "out"),) * L
+    # keeping two (B, D) values per block costs temp memory that keeping one does not
+    nothing = by_label["all: nothing"]
+    assert nothing.temp_bytes < hidden.temp_bytes < both.temp_bytes
+    # the applied candidate keeps exactly the tagged values of every block
+    kept = saved_residuals(apply_policies(tagged_loss, both.policies), WS, X)
+    assert sorted(kept.named().items()) == [("hidden", L * B * D * 4), ("out", L * B * D * 4)]
+    g0 = jax.grad(tagged_loss)(WS, X)
+    g = jax.grad(apply_policies(tagged_loss, both.policies))(WS, X)
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

@@ -55,3 +55,19 @@ def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     # Wide enough for every cell on one line: output is often piped or logged, not a tty.
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(columns)]
     Console(width=max(80, sum(widths) + 3 * len(widths) + 4)).print(table)
+
+
+def add_keep_freed_memory_flag(parser: Any) -> None:
+    """``--keep-freed-memory``: :func:`remat.keep_freed_memory` before any JAX computation."""
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="keep freed memory in glibc's heap so XLA:CPU's temp buffers are not "
+                             "page-faulted afresh every step (faster steps, resident memory stays at its peak)")
+
+
+def apply_keep_freed_memory_flag(args: Any) -> None:
+    if getattr(args, "keep_freed_memory", False):
+        from remat._allocator import keep_freed_memory
+
+        if not keep_freed_memory():
+            print("remat: --keep-freed-memory needs glibc; the C library here keeps its own behaviour",
+                  file=sys.stderr)

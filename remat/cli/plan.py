@@ -3,7 +3,15 @@ from __future__ import annotations
 
 import argparse
 
-from remat.cli._common import EXIT_CHECK_FAILED, EXIT_OK, UsageError, print_json, print_table
+from remat.cli._common import (
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    UsageError,
+    add_keep_freed_memory_flag,
+    apply_keep_freed_memory_flag,
+    print_json,
+    print_table,
+)
 
 HELP = "find the fastest remat plan whose compiled memory fits a budget, beside every fixed policy"
 EXAMPLE = "remat plan transformer --budget 0.5 --depth 8"
@@ -19,6 +27,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=None, help="transformer context length")
     parser.add_argument("--repeat", type=int, default=5, help="timed steps per fitting candidate (median)")
     parser.add_argument("--seed", type=int, default=0)
+    add_keep_freed_memory_flag(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -27,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--budget {args.budget}: use a fraction in (0, 1], e.g. --budget 0.5")
     if args.repeat < 1:
         raise UsageError("--repeat must be at least 1")
+    apply_keep_freed_memory_flag(args)  # before JAX starts its threads
     from remat.cli._training import make_task, pure_step_loss
     from remat.planner import plan
 

@@ -2,7 +2,14 @@
 from __future__ import annotations
 
 import argparse
-from remat.cli._common import EXIT_OK, UsageError, print_json, print_table
+from remat.cli._common import (
+    EXIT_OK,
+    UsageError,
+    add_keep_freed_memory_flag,
+    apply_keep_freed_memory_flag,
+    print_json,
+    print_table,
+)
 
 HELP = "compare checkpoint policies for one model: residual bytes, compiled memory, step time"
 EXAMPLE = "remat profile transformer --depth 8 --plot policies.png"
@@ -21,6 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated policies to compare (default {DEFAULT_POLICIES}); 'none' = no checkpoint")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per policy, median reported (default 5)")
     parser.add_argument("--plot", metavar="FILE", default=None, help="also write a PNG of memory vs step time")
+    add_keep_freed_memory_flag(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -41,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise UsageError(f"--steps {args.steps}: use at least 1")
     policies = _policies(args.policies)
+    apply_keep_freed_memory_flag(args)  # before JAX starts its threads
 
     from remat.cli._training import make_task, pure_step_loss
     from remat.memory import compare_policies

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from remat.cli._common import UsageError
+from remat.cli._common import UsageError, add_keep_freed_memory_flag, apply_keep_freed_memory_flag
 
 HELP = "train a model with activation checkpointing, on one device or many, with save/resume"
 EXAMPLE = "remat train transformer --steps 200 --policy dots --devices 4 --save-dir runs/t --plot loss.png"
@@ -59,6 +59,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the last save in --save-dir")
     parser.add_argument("--plot", default=None, metavar="PNG", help="write the loss curve to this PNG file")
     parser.add_argument("--seed", type=int, default=0, help="seeds the initialisation and the data order (default 0)")
+    add_keep_freed_memory_flag(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object (no progress bar, no table)")
     # Test hook: sleep this long after every step, so a test can kill a run mid-way.
     parser.add_argument("--step-delay", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -114,6 +115,7 @@ def _validate_distributed(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     validate(args)
+    apply_keep_freed_memory_flag(args)  # before JAX starts its threads
     from remat.cli import _training
 
     return _training.main(args)
