@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                        "limit_bytes": p.limit_bytes, "none_temp_bytes": p.none_temp_bytes,
                        "minimum_bytes": p.minimum_bytes, "plan_s": round(time.perf_counter() - t0, 1)}
                 row["candidates"] = [{"label": c.label, "temp_bytes": c.temp_bytes, "fits": c.fits,
-                                      "measured_ms": c.measured_ms} for c in p.candidates]
+                                      "measured_ms": c.measured_ms, "program": c.program} for c in p.candidates]
                 # a fixed policy is one a user could name: the three above, no checkpoint,
                 # or the model's checkpoint names
                 fits = [c for c in p.candidates if c.fits and (c.label in fixed or c.label.startswith("all: names:"))]
@@ -62,18 +62,18 @@ def main(argv: list[str] | None = None) -> int:
                     row.update(chosen=p.chosen.label, chosen_temp_bytes=p.chosen.temp_bytes)
                     best = min(fits, key=lambda c: c.measured_ms) if fits else None
                     nothing = next((c for c in p.candidates if c.label == "all: nothing" and c.fits), None)
-                    # one program is timed once, however many roles it has (the plan may be
-                    # the best fixed policy, or nothing itself): timing it against itself
-                    # measures only the machine's noise
-                    unique = {c.label: c for c in (p.chosen, best, nothing) if c is not None}
-                    ms = dict(zip(unique, time_side_by_side([c.compiled for c in unique.values()],
-                                                            step_args, 2 * args.repeat)))
-                    row["chosen_ms"] = ms[p.chosen.label]
+                    # one program is timed once, however many roles or spellings it has (the
+                    # plan may compile to the best fixed policy, or to nothing itself): timing
+                    # it against itself measures only the machine's noise
+                    unique = {c.program: c.compiled for c in (p.chosen, best, nothing) if c is not None}
+                    ms = dict(zip(unique, time_side_by_side(list(unique.values()), step_args, 2 * args.repeat)))
+                    row["chosen_ms"] = ms[p.chosen.program]
                     if best is not None:
-                        row.update(best_fixed=best.label, best_fixed_ms=ms[best.label],
-                                   ratio_to_best_fixed=ms[p.chosen.label] / ms[best.label])
+                        row.update(best_fixed=best.label, best_fixed_ms=ms[best.program],
+                                   ratio_to_best_fixed=ms[p.chosen.program] / ms[best.program])
                     if nothing is not None:
-                        row.update(nothing_ms=ms[nothing.label], ratio_to_nothing=ms[p.chosen.label] / ms[nothing.label])
+                        row.update(nothing_ms=ms[nothing.program],
+                                   ratio_to_nothing=ms[p.chosen.program] / ms[nothing.program])
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "candidates"}), file=sys.stderr)
     os.makedirs(args.out, exist_ok=True)

@@ -18,6 +18,8 @@ that fit are timed side by side, and the fastest measured one is the plan. The b
 a fraction of the un-checkpointed step's compiled temp memory. When nothing fits, the
 plan says so and gives the smallest temp memory any candidate reached.
 
+* for a step that calls :func:`remat.checkpoint_sequential`: its segment count (2, about
+  √n, n/2 and n segments for n functions), the segments checkpointed as written;
 * for a step that runs stacks of layers with :func:`remat.scan.scan_layers` (or
   ``scan_nnx_layers``): the scan's policy and its segment length, i.e. one flat scan
   checkpointed per layer, or ``k`` checkpointed groups of ``N / k`` layers for every
@@ -28,8 +30,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +43,7 @@ import jax
 
 from remat import _checkpoint
 from remat import scan as _scan
+from remat import sequential as _sequential
 from remat.budget import Budget, calibrate_once
 from remat.memory import names_in_jaxpr
 from remat.policies import PolicySpec, policy_name, resolve_policy
@@ -59,14 +64,20 @@ class Candidate:
     fits: bool | None = None
     # every scan over layers: (policy, groups), groups None for a flat scan; None: as written
     scan: tuple[Any, int | None] | None = None
+    # the segment count of every checkpoint_sequential call (at most its length); None: as written
+    sequential: int | None = None
+    # a fingerprint of the optimized HLO: candidates spelled differently may compile to
+    # the same program (e.g. "as written" and "all: nothing"), which is then timed once
+    program: str | None = None
     # the compiled jit(grad(step)), kept so that timing does not compile it a second time
     compiled: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "policies": [_spec_label(p) for p in self.policies],
                 "scan": None if self.scan is None else {"policy": _spec_label(self.scan[0]), "groups": self.scan[1]},
+                "sequential_segments": self.sequential,
                 "temp_bytes": self.temp_bytes, "predicted_ms": self.predicted_ms,
-                "measured_ms": self.measured_ms, "fits": self.fits}
+                "measured_ms": self.measured_ms, "fits": self.fits, "program": self.program}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +101,8 @@ class Plan:
                 f"found is {self.minimum_bytes} bytes ({self.minimum_bytes / self.none_temp_bytes:.2f} "
                 "of no checkpoint); raise the budget or use remat.scan"
             )
-        return apply_policies(step_fn, self.chosen.policies, scan=self.chosen.scan)
+        return apply_policies(step_fn, self.chosen.policies, scan=self.chosen.scan,
+                              sequential=self.chosen.sequential)
 
     def to_dict(self) -> dict[str, Any]:
         return {"budget": self.budget, "limit_bytes": self.limit_bytes,
@@ -161,18 +173,37 @@ def _scan_choice(choice: tuple[Any, int | None] | None) -> Iterator[list[int]]:
         _scan._SCAN_OVERRIDE.reset(token)
 
 
+@contextlib.contextmanager
+def _sequential_choice(segments: int | None) -> Iterator[list[int]]:
+    """Makes every ``checkpoint_sequential`` traced here use ``segments`` (at most its length)."""
+    lengths: list[int] = []
+
+    def override(num_functions: int, as_written: int) -> int:
+        lengths.append(num_functions)
+        return as_written if segments is None else min(segments, num_functions)
+
+    token = _sequential._SEQUENTIAL_OVERRIDE.set(override)
+    try:
+        yield lengths
+    finally:
+        _sequential._SEQUENTIAL_OVERRIDE.reset(token)
+
+
 def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
-                   scan: tuple[Any, int | None] | None = None) -> Callable[..., Any]:
+                   scan: tuple[Any, int | None] | None = None,
+                   sequential: int | None = None) -> Callable[..., Any]:
     """``step_fn`` whose i-th checkpointed region uses ``policies[i]`` (``"none"``: no checkpoint).
 
     ``scan=(policy, groups)`` also re-decides every :func:`remat.scan.scan_layers` in the
     step: its per-layer policy (``"none"``: no checkpoint) and ``groups`` checkpointed
-    groups (None: one flat scan).
+    groups (None: one flat scan). ``sequential=k`` runs every
+    :func:`remat.checkpoint_sequential` with ``k`` segments (at most its length; the
+    regions it makes keep the options written).
     """
     policies = tuple(policies)
 
     def planned(*args: Any, **kwargs: Any) -> Any:
-        with _region_policies(policies), _scan_choice(scan):
+        with _region_policies(policies), _scan_choice(scan), _sequential_choice(sequential):
             return step_fn(*args, **kwargs)
 
     planned.__name__ = getattr(step_fn, "__name__", "step")
@@ -181,21 +212,40 @@ def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
 
 def count_regions(step_fn: Callable[..., Any], *args: Any) -> int:
     """How many checkpointed regions one trace of ``step_fn(*args)`` goes through."""
-    return _survey(step_fn, *args)[0]
+    return _survey(step_fn, *args).regions
 
 
 def scan_depths(step_fn: Callable[..., Any], *args: Any) -> list[int]:
     """The depth of every scan over layers one trace of ``step_fn(*args)`` runs."""
-    return _survey(step_fn, *args)[1]
+    return _survey(step_fn, *args).scan_depths
 
 
-def _survey(step_fn: Callable[..., Any], *args: Any) -> tuple[int, list[int], list[str]]:
-    """The step's checkpointed regions, scan depths and checkpoint names, from one trace."""
-    with _region_policies(()) as seen, _scan_choice(None) as depths:
+@dataclasses.dataclass(frozen=True)
+class _Survey:
+    """What one trace of the step goes through."""
+
+    regions: int  # checkpointed regions (checkpoint_sequential's segments among them)
+    scan_depths: list[int]  # the depth of every scan over layers
+    sequential_lengths: list[int]  # the number of functions of every checkpoint_sequential
+    names: list[str]  # the checkpoint_name tags
+
+
+def _survey(step_fn: Callable[..., Any], *args: Any) -> _Survey:
+    with _region_policies(()) as seen, _scan_choice(None) as depths, _sequential_choice(None) as lengths:
         # a fresh function each time: JAX caches traces per function, and a cached trace
         # would not run the Python code whose regions are being counted
         jaxpr = jax.make_jaxpr(lambda *a: step_fn(*a))(*args)
-    return seen[0], depths, names_in_jaxpr(jaxpr)
+    return _Survey(seen[0], depths, lengths, names_in_jaxpr(jaxpr))
+
+
+def _sequential_segment_counts(lengths: Sequence[int]) -> list[int]:
+    """Segment counts to try for checkpoint_sequential calls of these lengths.
+
+    2 (one checkpointed half), about sqrt(n) (Chen et al.'s anchor), n / 2 and n (every
+    function its own checkpointed segment but the last), for the longest call.
+    """
+    n = max(lengths)
+    return sorted({k for k in (2, 3, 4, round(math.sqrt(n)), n // 2, n) if 2 <= k <= n})
 
 
 def _common_divisors(depths: Sequence[int]) -> list[int]:
@@ -242,7 +292,8 @@ def plan(
     """
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1:
         raise ValueError(f"plan(budget=...) must be a fraction in (0, 1], got {budget!r}")
-    n, depths, names = _survey(step_fn, *args)
+    survey = _survey(step_fn, *args)
+    n, depths, names = survey.regions, survey.scan_depths, survey.names
     if n == 0 and not depths:
         raise ValueError("plan() found no remat.checkpoint region or remat.scan_layers in step_fn: "
                          "checkpoint its blocks first")
@@ -250,18 +301,21 @@ def plan(
     cache = {} if cache is None else cache
     calibrate_once()  # predicted_ms at this machine's FLOP and byte rates, not defaults
 
-    def evaluate(label: str, specs: tuple[Any, ...], scan: tuple[Any, int | None] | None = None) -> Candidate:
+    def evaluate(label: str, specs: tuple[Any, ...], scan: tuple[Any, int | None] | None = None,
+                 sequential: int | None = None) -> Candidate:
         if label not in cache:
-            cache[label] = _compile_candidate(label, specs, scan)
+            cache[label] = _compile_candidate(label, specs, scan, sequential)
         return cache[label]
 
-    def _compile_candidate(label: str, specs: tuple[Any, ...], scan: tuple[Any, int | None] | None) -> Candidate:
-        compiled = compile_step(apply_policies(step_fn, specs, scan), args, argnums)
+    def _compile_candidate(label: str, specs: tuple[Any, ...], scan: tuple[Any, int | None] | None,
+                           sequential: int | None) -> Candidate:
+        compiled = compile_step(apply_policies(step_fn, specs, scan, sequential), args, argnums)
         # one compile gives the exact temp bytes, the FLOPs/bytes for the time model and
         # the executable that is timed
         temp = int(compiled.memory_analysis().temp_size_in_bytes)
         return Candidate(label, specs, temp_bytes=temp, predicted_ms=_predicted_ms(compiled),
-                         scan=scan, compiled=compiled)
+                         scan=scan, sequential=sequential, program=program_fingerprint(compiled),
+                         compiled=compiled)
 
     # without any checkpoint: no region checkpointed and every scan unchecked and flat
     none = evaluate("no checkpoint", (NONE,) * n, (NONE, None) if depths else None)
@@ -282,6 +336,11 @@ def plan(
             for groups in [None, *_common_divisors(depths)]:
                 shape = "flat" if groups is None else f"{groups} groups"
                 pool.append(evaluate(f"scan: {policy_name(p)}, {shape}", (AS_WRITTEN,) * n, (p, groups)))
+    if survey.sequential_lengths:
+        # the segment count of every checkpoint_sequential; its segments keep the options
+        # written (their number changes, so no per-region policy applies)
+        for k in _sequential_segment_counts(survey.sequential_lengths):
+            pool.append(evaluate(f"sequential: {k} segments", (), sequential=k))
     for rest in (NONE, "dots"):
         prefix = _smallest_prefix(lambda k: evaluate(f"first {k}: nothing, rest {rest}",
                                                       ("nothing",) * k + (rest,) * (n - k)), n, limit)
@@ -292,9 +351,11 @@ def plan(
     pool = [dataclasses.replace(c, fits=c.temp_bytes <= limit) for c in pool]
     fitting = [c for c in pool if c.fits]
     if measure and fitting:
-        times = time_side_by_side([c.compiled for c in fitting], args, repeat)
-        timed = {c.label: t for c, t in zip(fitting, times)}
-        pool = [dataclasses.replace(c, measured_ms=timed.get(c.label)) for c in pool]
+        # one program is timed once, whatever its spellings: timing it against itself
+        # would only let the machine's noise choose among equal programs
+        programs = {c.program: c.compiled for c in fitting}
+        times = dict(zip(programs, time_side_by_side(list(programs.values()), args, repeat)))
+        pool = [dataclasses.replace(c, measured_ms=times.get(c.program) if c.fits else None) for c in pool]
         fitting = [c for c in pool if c.fits]
     key = (lambda c: c.measured_ms) if measure else (lambda c: c.predicted_ms)
     chosen = min(fitting, key=key) if fitting else None
@@ -325,6 +386,27 @@ def _predicted_ms(compiled: Any) -> float:
     flops = float(cost.get("flops", 0.0)) if cost else 0.0
     moved = float(cost.get("bytes accessed", 0.0)) if cost else 0.0
     return 1e3 * (flops / _RATES["flops_per_s"] + moved / _RATES["bytes_per_s"])
+
+
+_HLO_METADATA_SECTIONS = {"FileNames", "FunctionNames", "FileLocations", "StackFrames"}
+
+
+def program_fingerprint(compiled: Any) -> str:
+    """A hash of a compiled step's optimized HLO, without source locations.
+
+    Two candidates with the same fingerprint run the same program; only the Python lines
+    that traced them (kept in the HLO's metadata) differ.
+    """
+    kept, skipping = [], False
+    for line in compiled.as_text().splitlines():
+        if line in _HLO_METADATA_SECTIONS:
+            skipping = True
+            continue
+        if skipping and (not line or line[0].isdigit() or line[0].isspace()):
+            continue
+        skipping = False
+        kept.append(re.sub(r",? ?metadata=\{[^}]*\}|,? ?stack_frame_id=\d+", "", line))
+    return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:16]
 
 
 def compile_step(fn: Callable[..., Any], args: tuple, argnums: Any = 0) -> Any:

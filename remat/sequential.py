@@ -1,6 +1,7 @@
 """``checkpoint_sequential``: PyTorch's function, with PyTorch's exact segmentation."""
 from __future__ import annotations
 
+import contextvars
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -11,6 +12,11 @@ from flax import nnx
 from remat import _flax
 from remat._checkpoint import _run, normalize_options
 
+
+# A planner (remat.plan) may re-decide the segment count of every checkpoint_sequential
+# call while it is traced: it sets a function ``(num_functions, segments) -> segments``.
+_SEQUENTIAL_OVERRIDE: contextvars.ContextVar[Callable[[int, int], int] | None] = \
+    contextvars.ContextVar("remat_sequential_override", default=None)
 
 # The options of remat.checkpoint that checkpoint_sequential passes on (not static_argnums).
 _OPTION_NAMES = frozenset(inspect.signature(normalize_options).parameters) - {"use_reentrant", "static_argnums"}
@@ -100,6 +106,9 @@ def checkpoint_sequential(
             f"it accepts {', '.join(sorted(_OPTION_NAMES))}"
         )
     opts = normalize_options(use_reentrant=use_reentrant, **kwargs)
+    override = _SEQUENTIAL_OVERRIDE.get()
+    if override is not None:
+        segments = min(max(int(override(len(layers), segments)), 1), len(layers))
 
     def run(chunk: list[Callable[..., Any]], x: Any) -> Any:
         for f in chunk:

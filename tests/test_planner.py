@@ -164,3 +164,50 @@ def test_plan_tries_the_checkpoint_names_the_step_tags():
     g = jax.grad(apply_policies(tagged_loss, both.policies))(WS, X)
     for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def _sequential_step(segments=2, n=8, width=64):
+    ws = [jnp.eye(width) * 0.5 + 0.01 * i for i in range(n)]
+    x = jnp.linspace(-1, 1, 32 * width).reshape(32, width)
+
+    def loss(ws, x):
+        layers = [lambda h, w=w: jnp.tanh(jnp.sin(h @ w) * 1.5) for w in ws]
+        return (remat.checkpoint_sequential(layers, segments, x) ** 2).mean()
+
+    return loss, ws, x
+
+
+def test_plan_re_decides_checkpoint_sequential_segments():
+    from remat.planner import _survey
+
+    loss, ws, x = _sequential_step()
+    survey = _survey(loss, ws, x)
+    assert survey.sequential_lengths == [8] and survey.regions == 1  # segments=2: one chunk
+    p = plan(loss, ws, x, budget=1.0, repeat=1, budget_fractions=(), policies=("nothing",))
+    by_label = {c.label: c for c in p.candidates}
+    assert {"sequential: 2 segments", "sequential: 3 segments", "sequential: 4 segments",
+            "sequential: 8 segments"} <= set(by_label)
+    # each candidate is the program checkpoint_sequential writes with that many segments
+    for k in (3, 8):
+        written, _, _ = _sequential_step(segments=k)
+        expected = jax.jit(jax.grad(written)).lower(ws, x).compile().memory_analysis().temp_size_in_bytes
+        assert by_label[f"sequential: {k} segments"].temp_bytes == expected
+        assert by_label[f"sequential: {k} segments"].sequential == k
+    # more checkpointed segments keep less than one checkpointed half
+    assert by_label["sequential: 8 segments"].temp_bytes < by_label["sequential: 2 segments"].temp_bytes
+    g0 = jax.grad(lambda w: _sequential_step(segments=1)[0](w, x))(ws)
+    g = jax.grad(apply_policies(loss, (), sequential=4))(ws, x)
+    for a, b in zip(g0, g):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert p.to_dict()["candidates"][-1].keys() >= {"sequential_segments"}
+
+
+def test_equal_programs_are_timed_once_and_share_their_time():
+    p = plan(loss, WS, X, budget=1.0, repeat=2, budget_fractions=(), policies=("nothing", "dots"))
+    by_label = {c.label: c for c in p.candidates}
+    # remat.checkpoint's default policy is "nothing": the same program, spelled twice
+    written, nothing, dots = by_label["as written"], by_label["all: nothing"], by_label["all: dots"]
+    assert written.program == nothing.program != dots.program
+    assert written.measured_ms == nothing.measured_ms
+    assert len({c.program for c in p.candidates}) < len(p.candidates)
+    assert p.to_dict()["candidates"][0]["program"] == p.candidates[0].program
