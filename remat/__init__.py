@@ -7,6 +7,8 @@ The public surface::
     remat.checkpoint_name(x, "name")                 # tag a value for name-based policies
     remat.policies                                   # named and composable policies
     remat.ops                                        # LayerNorm, GELU, ... keeping PyTorch's saved set
+    remat.plan(loss, *args, budget=0.5)              # the fastest checkpointing that fits a budget
+    remat.keep_freed_memory()                        # glibc keeps XLA:CPU's freed buffers for reuse
 
 Importing ``remat`` is cheap: it sets XLA's CPU flags (before any JAX backend starts;
 see :mod:`remat._xla_flags`) and loads the rest on first use, so ``remat --help`` does

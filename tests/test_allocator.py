@@ -65,3 +65,17 @@ def test_after_jax_started_it_warns_how_to_call_it():
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("True ['keep_freed_memory() after JAX started"), out.stdout
     assert "call it before the first JAX computation" in out.stdout
+
+
+@pytest.mark.parametrize("command", [["plan", "mlp", "--budget", "0.5"], ["train", "mlp"], ["profile", "mlp"]])
+def test_the_commands_take_keep_freed_memory(command, monkeypatch):
+    from remat.cli import build_parser
+    from remat.cli._common import apply_keep_freed_memory_flag
+
+    calls = []
+    monkeypatch.setattr(_allocator, "keep_freed_memory", lambda: calls.append(1) or True)
+    args = build_parser().parse_args([*command, "--keep-freed-memory"])
+    assert args.keep_freed_memory is True
+    apply_keep_freed_memory_flag(args)
+    apply_keep_freed_memory_flag(build_parser().parse_args(command))  # without the flag: no call
+    assert calls == [1]
