@@ -22,9 +22,11 @@ plan says so and gives the smallest temp memory any candidate reached.
   √n, n/2 and n segments for n functions), the segments checkpointed as written;
 * for a step that runs stacks of layers with :func:`remat.scan.scan_layers` (or
   ``scan_nnx_layers``): the scan's policy and its segment length, i.e. one flat scan
-  checkpointed per layer, or ``k`` checkpointed groups of ``N / k`` layers for every
-  divisor ``k`` of the depth (√N groups is the classic anchor; the planner measures them
-  all). Linen's ``LinenScanLayers`` is taken as written.
+  checkpointed per layer, ``k`` checkpointed groups of ``N / k`` layers for every
+  divisor ``k`` of the depth (√N groups is the classic anchor), and the unequal
+  binomial (Revolve-like) schedules of 1 and 2 levels of nesting
+  (:func:`remat.scan.binomial_schedule`); the planner measures them all. Linen's
+  ``LinenScanLayers`` is taken as written.
 """
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ class Candidate:
     measured_ms: float | None = None
     fits: bool | None = None
     # every scan over layers: (policy, groups), groups None for a flat scan; None: as written
-    scan: tuple[Any, int | None] | None = None
+    scan: tuple[Any, Any] | None = None
     # the segment count of every checkpoint_sequential call (at most its length); None: as written
     sequential: int | None = None
     # a fingerprint of the optimized HLO: candidates spelled differently may compile to
@@ -74,7 +76,9 @@ class Candidate:
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "policies": [_spec_label(p) for p in self.policies],
-                "scan": None if self.scan is None else {"policy": _spec_label(self.scan[0]), "groups": self.scan[1]},
+                "scan": None if self.scan is None else {
+                    "policy": _spec_label(self.scan[0]),
+                    "groups": str(self.scan[1]) if isinstance(self.scan[1], Binomial) else self.scan[1]},
                 "sequential_segments": self.sequential,
                 "temp_bytes": self.temp_bytes, "predicted_ms": self.predicted_ms,
                 "measured_ms": self.measured_ms, "fits": self.fits, "program": self.program}
@@ -154,16 +158,32 @@ def _region_policies(policies: Sequence[Any]) -> Iterator[list[int]]:
         _checkpoint._REGION_OVERRIDE.reset(token)
 
 
+@dataclasses.dataclass(frozen=True)
+class Binomial:
+    """Scan groups: each scan nested by :func:`remat.scan.binomial_schedule` ``(depth, levels)``."""
+
+    levels: int
+
+    def __str__(self) -> str:
+        return f"binomial(levels={self.levels})"
+
+
 @contextlib.contextmanager
-def _scan_choice(choice: tuple[Any, int | None] | None) -> Iterator[list[int]]:
-    """Makes every scan over layers traced in this context use ``choice`` ``(policy, groups)``."""
+def _scan_choice(choice: tuple[Any, Any] | None) -> Iterator[list[int]]:
+    """Makes every scan over layers traced in this context use ``choice`` ``(policy, groups)``.
+
+    ``groups``: None (flat), ``k`` equal groups, a schedule tuple, or :class:`Binomial`.
+    """
     depths: list[int] = []
 
-    def override(depth: int, policy: Any, groups: int | None) -> tuple[Any, int | None]:
+    def override(depth: int, policy: Any, groups: Any) -> tuple[Any, Any]:
         depths.append(depth)
         if choice is None:
             return policy, groups
         new_policy, new_groups = choice
+        if isinstance(new_groups, Binomial):
+            schedule = _scan.binomial_schedule(depth, new_groups.levels)
+            new_groups = None if isinstance(schedule, int) else schedule
         return (policy if new_policy == AS_WRITTEN else new_policy), new_groups
 
     token = _scan._SCAN_OVERRIDE.set(override)
@@ -190,7 +210,7 @@ def _sequential_choice(segments: int | None) -> Iterator[list[int]]:
 
 
 def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
-                   scan: tuple[Any, int | None] | None = None,
+                   scan: tuple[Any, Any] | None = None,
                    sequential: int | None = None) -> Callable[..., Any]:
     """``step_fn`` whose i-th checkpointed region uses ``policies[i]`` (``"none"``: no checkpoint).
 
@@ -301,13 +321,13 @@ def plan(
     cache = {} if cache is None else cache
     calibrate_once()  # predicted_ms at this machine's FLOP and byte rates, not defaults
 
-    def evaluate(label: str, specs: tuple[Any, ...], scan: tuple[Any, int | None] | None = None,
+    def evaluate(label: str, specs: tuple[Any, ...], scan: tuple[Any, Any] | None = None,
                  sequential: int | None = None) -> Candidate:
         if label not in cache:
             cache[label] = _compile_candidate(label, specs, scan, sequential)
         return cache[label]
 
-    def _compile_candidate(label: str, specs: tuple[Any, ...], scan: tuple[Any, int | None] | None,
+    def _compile_candidate(label: str, specs: tuple[Any, ...], scan: tuple[Any, Any] | None,
                            sequential: int | None) -> Candidate:
         compiled = compile_step(apply_policies(step_fn, specs, scan, sequential), args, argnums)
         # one compile gives the exact temp bytes, the FLOPs/bytes for the time model and
@@ -332,9 +352,18 @@ def plan(
         pool.append(evaluate(f"all: {policy_name(group)}", (group,) * n))
     if depths:
         # the regions as written (e.g. inside the scanned layer); every scan re-decided
+        # and unequal (binomial, Revolve-like) schedules of 1 and 2 levels of nesting, which
+        # keep fewer layer inputs than any equal grouping (remat.scan.binomial_schedule)
+        binomial = [Binomial(levels) for levels in (1, 2) if min(depths) >= 4]
         for p in policies:
-            for groups in [None, *_common_divisors(depths)]:
-                shape = "flat" if groups is None else f"{groups} groups"
+            for groups in [None, *_common_divisors(depths), *binomial]:
+                if groups is None:
+                    shape = "flat"
+                elif isinstance(groups, Binomial):
+                    shape = str(groups) + (f" {_scan.binomial_schedule(depths[0], groups.levels)}"
+                                           if len(set(depths)) == 1 else "")
+                else:
+                    shape = f"{groups} groups"
                 pool.append(evaluate(f"scan: {policy_name(p)}, {shape}", (AS_WRITTEN,) * n, (p, groups)))
     if survey.sequential_lengths:
         # the segment count of every checkpoint_sequential; its segments keep the options

@@ -211,3 +211,27 @@ def test_equal_programs_are_timed_once_and_share_their_time():
     assert written.measured_ms == nothing.measured_ms
     assert len({c.program for c in p.candidates}) < len(p.candidates)
     assert p.to_dict()["candidates"][0]["program"] == p.candidates[0].program
+
+
+def test_plan_weighs_binomial_scan_schedules():
+    from remat.planner import Binomial
+    from remat.scan import binomial_schedule
+
+    step, params, x = _scan_step()
+    p = plan(step, params, x, budget=1.0, measure=False, policies=("nothing",))
+    by_label = {c.label: c for c in p.candidates}
+    for levels in (1, 2):
+        c = by_label[f"scan: nothing, binomial(levels={levels}) {binomial_schedule(8, levels)}"]
+        assert c.scan == ("nothing", Binomial(levels))
+        assert c.to_dict()["scan"]["groups"] == f"binomial(levels={levels})"
+
+        # the candidate is the program scan_layers writes with that schedule
+        def written(p_, x_, levels=levels):
+            layer = lambda q, h: h + jnp.tanh(jax.nn.gelu(h @ q["w1"]) @ q["w2"])  # noqa: E731
+            return (remat.scan_layers(layer, p_, x_, policy="nothing", levels=levels) ** 2).mean()
+
+        expected = jax.jit(jax.grad(written)).lower(params, x).compile().memory_analysis().temp_size_in_bytes
+        assert c.temp_bytes == expected
+        g = jax.grad(apply_policies(step, (), scan=c.scan))(params, x)
+        for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(jax.grad(step)(params, x))):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
