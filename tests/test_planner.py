@@ -109,6 +109,7 @@ def _scan_step():
     return step, params, x
 
 
+@pytest.mark.slow
 def test_plan_chooses_the_scan_policy_and_segment_length():
     from remat.memory import compiled_memory
     from remat.planner import scan_depths
@@ -213,6 +214,7 @@ def test_equal_programs_are_timed_once_and_share_their_time():
     assert p.to_dict()["candidates"][0]["program"] == p.candidates[0].program
 
 
+@pytest.mark.slow
 def test_plan_weighs_binomial_scan_schedules():
     from remat.planner import Binomial
     from remat.scan import binomial_schedule

@@ -24,15 +24,15 @@ from remat.scan import (
 )
 
 SCHEDULES_8 = [
-    pytest.param({"segments": (8,)}, id="(8,)"),
+    pytest.param({"segments": (8,)}, id="(8,)", marks=pytest.mark.slow),
     pytest.param({"segments": (5, 2, 1)}, id="(5,2,1)"),
-    pytest.param({"segments": (4, 4)}, id="(4,4)"),
-    pytest.param({"segments": (3, 3, 2)}, id="(3,3,2)"),
+    pytest.param({"segments": (4, 4)}, id="(4,4)", marks=pytest.mark.slow),
+    pytest.param({"segments": (3, 3, 2)}, id="(3,3,2)", marks=pytest.mark.slow),
     pytest.param({"segments": ((3, 2), (2, 1))}, id="((3,2),(2,1))"),
-    pytest.param({"segments": ((2, 1), (2, 1), 1, 1)}, id="((2,1),(2,1),1,1)"),
+    pytest.param({"segments": ((2, 1), (2, 1), 1, 1)}, id="((2,1),(2,1),1,1)", marks=pytest.mark.slow),
     pytest.param({"segments": (((2, 1), 1), (2, 1), 1)}, id="3-levels"),
-    pytest.param({"segments": [1] * 8}, id="list-of-1"),
-    pytest.param({"levels": 1}, id="levels1"),
+    pytest.param({"segments": [1] * 8}, id="list-of-1", marks=pytest.mark.slow),
+    pytest.param({"levels": 1}, id="levels1", marks=pytest.mark.slow),
     pytest.param({"levels": 2}, id="levels2"),
 ]
 
@@ -272,7 +272,8 @@ def _stateful_block(rngs):
     return Block(rngs)
 
 
-NNX_SCHEDULES = [(2, 1, 1), ((2, 1), 1), pytest.param(((1, 1), 1, 1), marks=pytest.mark.slow),
+NNX_SCHEDULES = [((2, 1), 1), pytest.param((2, 1, 1), marks=pytest.mark.slow),
+                 pytest.param(((1, 1), 1, 1), marks=pytest.mark.slow),
                  pytest.param((2, 2), marks=pytest.mark.slow)]
 
 
