@@ -63,7 +63,12 @@ def unrolled(params, x):
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("nesting", NESTING)
 def test_pure_gradients_equal_unrolled(policy, nesting):
-    params, x = stacked(4), jax.random.normal(jax.random.PRNGKey(1), (3, 8))
+    assert_scan_matches_unrolled(4, policy, nesting)
+
+
+def assert_scan_matches_unrolled(depth, policy, nesting):
+    """Value and gradients of scan_layers equal the Python loop's (also used by test_scan_schedules)."""
+    params, x = stacked(depth), jax.random.normal(jax.random.PRNGKey(1), (3, 8))
     ref_loss = lambda p, x: jnp.sum(jnp.sin(unrolled(p, x)))  # noqa: E731
     loss = lambda p, x: jnp.sum(jnp.sin(scan_layers(layer, p, x, policy=policy, **nesting)))  # noqa: E731
     # One jit per side: eager scans would compile every piece separately (slow).

@@ -9,7 +9,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import assert_clean_error
-from test_scan import WIDE_X, assert_trees_close, layer, stacked, unrolled, wide_layer, wide_params
+from test_scan import (
+    WIDE_X,
+    assert_scan_matches_unrolled,
+    assert_trees_close,
+    layer,
+    stacked,
+    unrolled,
+    wide_layer,
+    wide_params,
+)
 
 from remat import scan as S
 from remat.memory import compiled_memory, saved_residuals
@@ -140,13 +149,7 @@ def test_bad_schedules_are_one_line_value_errors():
                                     pytest.param("none", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("nesting", SCHEDULES_8)
 def test_schedule_gradients_equal_unrolled(policy, nesting):
-    params, x = stacked(8), jax.random.normal(jax.random.PRNGKey(1), (3, 8))
-    ref_loss = lambda p, x: jnp.sum(jnp.sin(unrolled(p, x)))  # noqa: E731
-    loss = lambda p, x: jnp.sum(jnp.sin(scan_layers(layer, p, x, policy=policy, **nesting)))  # noqa: E731
-    value, grads = jax.jit(jax.value_and_grad(loss, (0, 1)))(params, x)
-    ref_value, ref_grads = jax.jit(jax.value_and_grad(ref_loss, (0, 1)))(params, x)
-    np.testing.assert_allclose(value, ref_value, rtol=1e-5)
-    assert_trees_close(grads, ref_grads)
+    assert_scan_matches_unrolled(8, policy, nesting)
 
 
 def test_schedule_under_vmap_and_pytree_carry():
