@@ -317,17 +317,6 @@ def _checkpoint_name_of(eqn: Any) -> str | None:
     return None
 
 
-def _sub_jaxprs(value: Any) -> list[Any]:
-    """The jaxprs inside an equation parameter (scan bodies, checkpointed regions, jit...)."""
-    if hasattr(value, "eqns"):
-        return [value]
-    if hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):  # a ClosedJaxpr
-        return [value.jaxpr]
-    if isinstance(value, (list, tuple)):
-        return [j for v in value for j in _sub_jaxprs(v)]
-    return []
-
-
 def checkpoint_names(fn: Callable, *args: Any, **kwargs: Any) -> list[str]:
     """Every :func:`remat.checkpoint_name` tag that ``fn(*args, **kwargs)`` applies, in order.
 
@@ -351,6 +340,8 @@ def checkpoint_names(fn: Callable, *args: Any, **kwargs: Any) -> list[str]:
 
 def names_in_jaxpr(jaxpr: Any) -> list[str]:
     """The distinct ``checkpoint_name`` tags of a jaxpr and its nested jaxprs, in order."""
+    from jax._src import core
+
     names: dict[str, None] = {}
     todo = [getattr(jaxpr, "jaxpr", jaxpr)]
     while todo:
@@ -359,8 +350,7 @@ def names_in_jaxpr(jaxpr: Any) -> list[str]:
             name = _checkpoint_name_of(eqn)
             if name is not None:
                 names.setdefault(name)
-            for value in eqn.params.values():
-                todo.extend(_sub_jaxprs(value))
+        todo.extend(core.subjaxprs(jaxpr))  # scan bodies, checkpointed regions, jits, ...
     return list(names)
 
 

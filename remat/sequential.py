@@ -85,6 +85,9 @@ def checkpoint_sequential(
       >>> y = checkpoint_sequential(layers, 2, jnp.ones(3))  # sin, cos checkpointed
     """
     layers = _layers(functions)
+    override = _SEQUENTIAL_OVERRIDE.get()
+    if override is not None:  # a planner's choice is checked like the caller's
+        segments = override(len(layers), segments)
     if not isinstance(segments, int) or isinstance(segments, bool):
         raise TypeError(f"segments must be an int, got {type(segments).__name__}")
     if not 1 <= segments <= len(layers):
@@ -106,9 +109,6 @@ def checkpoint_sequential(
             f"it accepts {', '.join(sorted(_OPTION_NAMES))}"
         )
     opts = normalize_options(use_reentrant=use_reentrant, **kwargs)
-    override = _SEQUENTIAL_OVERRIDE.get()
-    if override is not None:
-        segments = min(max(int(override(len(layers), segments)), 1), len(layers))
 
     def run(chunk: list[Callable[..., Any]], x: Any) -> Any:
         for f in chunk:
