@@ -8,5 +8,6 @@ of :mod:`models` at several depths, in JAX (eight checkpointing variants) and Py
   variants of both frameworks in one process, timed in interleaved rounds).
 * :mod:`benchmarks.report`: overheads, JAX/PyTorch ratios, targets, Markdown and plot.
 * :mod:`benchmarks.run`: the command line; runs each (model, depth) in a fresh
-  subprocess and the XLA-flag probe.
+  subprocess.
+* :mod:`benchmarks.xla_cpu`: what per-block checkpointing saves on XLA:CPU, JAX's and remat's.
 """

@@ -50,8 +50,6 @@ NNX model and its PyTorch twin, with identical weights), prepares every JAX vari
 """
 from __future__ import annotations
 
-import remat  # first: sets XLA_FLAGS before any JAX backend starts (see remat._xla_flags)
-
 import argparse
 import dataclasses
 import gc
@@ -66,6 +64,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+import remat
 
 JAX_VARIANTS: tuple[str, ...] = (
     "none", "nothing", "dots", "dots_no_batch", "names", "scan", "scan_nested", "sequential",
@@ -111,7 +111,6 @@ class Sizes:
     transformer: dict[str, Any]
     mlp: dict[str, Any]
     steps: int = 5
-    probe_depth: int | None = None  # depth of the XLA-flag probe (default: the largest)
 
     def model_kwargs(self, model: str) -> dict[str, Any]:
         return dict(getattr(self, model))
@@ -130,7 +129,6 @@ SIZES: dict[str, Sizes] = {
         transformer=dict(vocab=256, width=128, heads=4, seq_len=64, batch=4),
         mlp=dict(in_dim=512, width=512, out_dim=16, batch=128, activation="relu"),
         steps=7,
-        probe_depth=8,
     ),
     "full": Sizes(
         "full", (4, 8, 16, 32),
@@ -708,42 +706,13 @@ def add_overheads(rows: list[dict[str, Any]]) -> None:
         r["overhead"] = round(r["step_ms"] / b, 4) if b and r["step_ms"] is not None else None
 
 
-class NoneProbe:
-    """The JAX ``none`` step alone, for the XLA-flag probe: compiled once, timed in rounds."""
-
-    def __init__(self, model: str, depth: int, sizes: Sizes, seed: int = 0):
-        self.model, self.depth = model, depth
-        self.program = jax_program(build(model, depth, sizes, seed), "none")
-        self.temp_bytes = int(jax_temp_bytes(self.program))
-        self.times: list[float] = []
-        self.program.step()  # warm-up
-
-    def round(self, steps: int) -> list[float]:
-        time.sleep(GAP_S)
-        _timed(self.program.step)  # wakes XLA's threads after the other probe's turn
-        ts = [_timed(self.program.step) for _ in range(steps)]
-        self.times.extend(ts)
-        return ts
-
-    def result(self) -> dict[str, Any]:
-        return {
-            "model": self.model, "depth": self.depth, "temp_bytes": self.temp_bytes,
-            "compile_s": round(self.program.compile_s, 3), "steps": len(self.times),
-            "step_ms": round(statistics.median(self.times) * 1e3, 3) if self.times else None,
-            "step_ms_all": [round(t * 1e3, 3) for t in self.times],
-        }
-
-
 def process_info() -> dict[str, Any]:
-    """What the process runs with: XLA_FLAGS, whether remat's flag is in them, versions."""
+    """What the process runs with: the user's XLA_FLAGS (if any), versions, threads."""
     import jax
     import torch
 
-    from remat._xla_flags import CPU_REMAT_FLAG
-
-    flags = os.environ.get("XLA_FLAGS", "")
     return {
-        "xla_flags": flags, "remat_flag_set": CPU_REMAT_FLAG in flags.split(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "jax": jax.__version__, "torch": torch.__version__, "threads": threads(),
         "torch_threads": torch.get_num_threads(), "jax_devices": str(jax.devices()),
         "malloc_mode_switch": _libc() is not None,
@@ -758,17 +727,16 @@ def process_info() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     """Worker: prepares one measurement, then obeys ``GO``/``DONE`` lines on stdin.
 
-    Prints ``BENCH_READY`` once compiled; each ``GO`` runs the timed part (a full
-    measurement, or one probe round of ``--steps`` steps, printed as ``BENCH_ROUND``);
-    ``DONE`` (or end of input) prints ``BENCH_RESULT {json}`` and exits. The runner
-    grants ``GO`` to one worker at a time and pauses the others meanwhile.
+    Prints ``BENCH_READY`` once compiled; ``GO`` runs the timed part (the full
+    measurement), then prints ``BENCH_RESULT {json}`` and exits; ``DONE`` (or end of
+    input) before ``GO`` prints ``BENCH_RESULT`` without a result. The runner grants
+    ``GO`` to one worker at a time and pauses the others meanwhile.
     """
     ap = argparse.ArgumentParser(description="one benchmark measurement (worker of benchmarks.run)")
     ap.add_argument("--model", required=True, choices=MODELS)
     ap.add_argument("--depth", required=True, type=int)
     ap.add_argument("--sizes", default="quick", choices=sorted(SIZES))
     ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--probe-none", action="store_true", help="only the JAX none step (flag probe)")
     args = ap.parse_args(argv)
     sizes = SIZES[args.sizes]
     steps = args.steps or sizes.steps
@@ -776,25 +744,18 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(threads())
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    worker: Any = (NoneProbe(args.model, args.depth, sizes) if args.probe_none
-                   else prepare_model(args.model, args.depth, sizes, log=log))
+    worker = prepare_model(args.model, args.depth, sizes, log=log)
     print("BENCH_READY", flush=True)
     result: Any = None
     for line in sys.stdin:
         cmd = line.strip()
         if cmd == "GO":
-            if args.probe_none:
-                ts = worker.round(steps)
-                print("BENCH_ROUND " + json.dumps([round(t * 1e3, 3) for t in ts]), flush=True)
-            else:
-                t0 = time.perf_counter()
-                result = worker.run(steps)
-                log(f"timed part (warm-up, peak RSS, {steps} rounds) took {time.perf_counter() - t0:.1f}s")
-                break
+            t0 = time.perf_counter()
+            result = worker.run(steps)
+            log(f"timed part (warm-up, peak RSS, {steps} rounds) took {time.perf_counter() - t0:.1f}s")
+            break
         elif cmd == "DONE":
             break
-    if args.probe_none:
-        result = worker.result()
     print("BENCH_RESULT " + json.dumps({"result": result, "info": process_info()}), flush=True)
 
 

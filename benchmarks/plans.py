@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-import remat  # noqa: F401  (sets the XLA:CPU flag before JAX starts)
+import remat
 
 
 def _task(model: str, depth: int):

@@ -1,13 +1,11 @@
-"""From rows to results: JAX/PyTorch ratios, the flag effect, targets, Markdown, plot."""
+"""From rows to results: JAX/PyTorch ratios, targets, Markdown, plot."""
 from __future__ import annotations
 
 import math
 import os
-import statistics
 from typing import Any
 
 from benchmarks.measure import JAX_VARIANTS, TORCH_VARIANTS, add_overheads
-from remat._xla_flags import CPU_REMAT_FLAG
 
 MiB = 2**20
 
@@ -53,31 +51,6 @@ def jax_torch_ratios(rows: list[dict]) -> list[dict[str, Any]]:
                 "saved_bytes_ratio": _ratio(j["saved_bytes"], t["saved_bytes"]),
                 "peak_rss_ratio": _ratio(j["peak_rss_bytes"], t["peak_rss_bytes"]),
             })
-    return out
-
-
-def flag_effect(probes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``probes``: results of the ``none`` probe, each with ``flag`` True/False.
-
-    ``ratio`` = median step with remat's flag / median step without it (<= 1: no slowdown).
-    The medians are over every timed step of the alternating rounds.
-    """
-    out = []
-    for model, depth in sorted({(p["model"], p["depth"]) for p in probes}):
-        with_f = [p for p in probes if (p["model"], p["depth"]) == (model, depth) and p["flag"]]
-        without = [p for p in probes if (p["model"], p["depth"]) == (model, depth) and not p["flag"]]
-        if not with_f or not without:
-            continue
-        a = [t for p in with_f for t in p["step_ms_all"]]
-        b = [t for p in without for t in p["step_ms_all"]]
-        ma, mb = statistics.median(a), statistics.median(b)
-        out.append({
-            "model": model, "depth": depth,
-            "step_ms_with_flag": round(ma, 3), "step_ms_without_flag": round(mb, 3),
-            "ratio": round(ma / mb, 4), "steps_each": min(len(a), len(b)),
-            "temp_bytes_with_flag": with_f[0]["temp_bytes"], "temp_bytes_without_flag": without[0]["temp_bytes"],
-            "xla_flags_with": with_f[0].get("xla_flags", ""), "xla_flags_without": without[0].get("xla_flags", ""),
-        })
     return out
 
 
@@ -162,7 +135,7 @@ def results_table(rows: list[dict]) -> list[str]:
                    "step peak RSS MiB", "step ms", "overhead"], body)
 
 
-def markdown(rows: list[dict], probes: list[dict], meta: dict[str, Any]) -> str:
+def markdown(rows: list[dict], meta: dict[str, Any]) -> str:
     """The whole ``results.md``."""
     add_overheads(rows)
     lines = [f"# remat benchmark ({meta.get('sizes', '?')})", ""]
@@ -170,8 +143,7 @@ def markdown(rows: list[dict], probes: list[dict], meta: dict[str, Any]) -> str:
         f"JAX {meta.get('jax', '?')}, PyTorch {meta.get('torch', '?')}, CPU, "
         f"{meta.get('threads', '?')} threads in both frameworks (XLA:CPU uses one per core; "
         f"`torch.set_num_threads({meta.get('threads', '?')})`). "
-        f"XLA_FLAGS in the measuring processes: `{meta.get('xla_flags', '')}`"
-        f" (remat's flag {'set' if meta.get('remat_flag_set') else 'NOT set'}). "
+        f"XLA_FLAGS in the measuring processes: `{meta.get('xla_flags') or '(none)'}`. "
         f"Total run time {meta.get('wall_s', 0):.0f} s; load average at start {meta.get('loadavg', '?')}.",
         "",
         "Sizes: " + "; ".join(f"{m}: {', '.join(f'{k}={v}' for k, v in kw.items())}"
@@ -218,25 +190,6 @@ def markdown(rows: list[dict], probes: list[dict], meta: dict[str, Any]) -> str:
           _fmt(r["step_ms_ratio"]), _mib(r["saved_bytes_jax"]), _mib(r["saved_bytes_torch"]),
           _fmt(r["saved_bytes_ratio"]), _fmt(r["peak_rss_ratio"])] for r in ratios],
     )
-    lines += ["", "## flag_effect", ""]
-    fe = flag_effect(probes)
-    if fe:
-        lines += [
-            "Un-checkpointed JAX (`none`) with remat's XLA flag "
-            f"(`{CPU_REMAT_FLAG}`) and without it "
-            "(`REMAT_KEEP_XLA_FLAGS=1`), each in its own process, timed in alternating rounds "
-            "(ratio = with / without; <= 1 means the flag costs nothing).",
-            "",
-        ]
-        lines += _table(
-            ["model", "depth", "ms with flag", "ms without", "flag_effect (ratio)", "steps each",
-             "temp MiB with", "temp MiB without"],
-            [[f["model"], str(f["depth"]), f"{f['step_ms_with_flag']:.1f}", f"{f['step_ms_without_flag']:.1f}",
-              f"{f['ratio']:.3f}", str(f["steps_each"]), _mib(f["temp_bytes_with_flag"]),
-              _mib(f["temp_bytes_without_flag"])] for f in fe],
-        )
-    else:
-        lines.append("not measured")
     lines += ["", "## targets", ""]
     tg = targets(rows)
     lines += _table(["target", "met", "figures"],

@@ -5,11 +5,10 @@ Measures the MLP and the transformer of :mod:`models` at several depths (``--qui
 ``dots_no_batch``, ``names``, ``scan``, ``scan_nested``, ``sequential``) and PyTorch
 (``none``, ``nothing``, ``sequential``), and writes to ``--out``:
 
-* ``results.json``: ``{"meta": ..., "rows": [...], "ratios": [...], "flag_effect": [...],
-  "targets": [...]}``; every row a flat object with ``framework``, ``model``, ``depth``,
+* ``results.json``: ``{"meta": ..., "rows": [...], "ratios": [...], "targets": [...]}``; every row a flat object with ``framework``, ``model``, ``depth``,
   ``variant``, ``saved_bytes``, ``temp_bytes``, ``peak_rss_bytes``, ``step_ms``,
   ``overhead`` (and a few extra fields, see :func:`benchmarks.measure.measure_model`);
-* ``results.md``: the tables, the JAX/PyTorch ratios, ``flag_effect`` and the targets;
+* ``results.md``: the tables, the JAX/PyTorch ratios and the targets;
 * ``memory_vs_time.png``.
 
 How it runs: every (model, depth) is measured in a fresh worker process
@@ -17,8 +16,6 @@ How it runs: every (model, depth) is measured in a fresh worker process
 ``--jobs`` workers build and compile at the same time (compilation dominates the run
 time), but only one at a time runs its timed part: the runner pauses every other worker
 (SIGSTOP) until it is done, so timings never share the CPU with our own compilation.
-The XLA-flag probe runs the JAX ``none`` step in two processes, one with remat's flag and
-one with ``REMAT_KEEP_XLA_FLAGS=1``, timed in alternating rounds.
 """
 from __future__ import annotations
 
@@ -39,7 +36,6 @@ from benchmarks.measure import MODELS, NAMES_POLICY, SIZES, Sizes
 from benchmarks import report
 
 ROOT = Path(__file__).resolve().parents[1]
-PROBE_ROUNDS = 3
 
 
 class WorkerFailed(RuntimeError):
@@ -50,8 +46,8 @@ class Worker:
     """One ``python -m benchmarks.measure`` process and its stdout lines."""
 
     def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path,
-                 events: queue.Queue, kind: str, meta: dict[str, Any]):
-        self.name, self.kind, self.meta = name, kind, meta
+                 events: queue.Queue, meta: dict[str, Any]):
+        self.name, self.meta = name, meta
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
@@ -114,25 +110,13 @@ def _loadavg() -> str:
         return "?"
 
 
-def worker_env(flag: bool = True) -> dict[str, str]:
-    """The workers' environment: remat's XLA flag on (or opted out), mmap'd big buffers."""
-    from remat._xla_flags import CPU_REMAT_FLAG, OPT_OUT_ENV
-
+def worker_env() -> dict[str, str]:
+    """The workers' environment: ours, with the repository on ``PYTHONPATH``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
     # The worker switches glibc's allocator itself (measure.malloc_mode): no env override.
     env.pop("MALLOC_MMAP_THRESHOLD_", None)
     env.pop("MALLOC_TRIM_THRESHOLD_", None)
-    flag_name = CPU_REMAT_FLAG.split("=")[0].lstrip("-")
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if f.lstrip("-").split("=")[0] != flag_name]
-    if flag:
-        env.pop(OPT_OUT_ENV, None)
-        env["XLA_FLAGS"] = " ".join(flags)  # `import remat` in the worker appends the flag
-    else:
-        env[OPT_OUT_ENV] = "1"
-        env["XLA_FLAGS"] = " ".join(flags)
-    if not env["XLA_FLAGS"]:
-        del env["XLA_FLAGS"]
     return env
 
 
@@ -147,9 +131,8 @@ class Runner:
         self.failures: list[str] = []
 
     def run(self, tasks: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Any]]:
-        """``tasks``: ``{"name", "args", "env", "kind": "measure"|"probe", "group"?}``.
+        """``tasks``: ``{"name", "args", "env", ...}`` (the rest is kept as the worker's meta).
 
-        Probe tasks sharing a ``group`` are granted together (alternating rounds).
         Returns ``(task, BENCH_RESULT payload)`` for each task that succeeded.
         """
         pending = deque(tasks)
@@ -159,16 +142,10 @@ class Runner:
 
         def start() -> None:
             while pending and len(active) < self.jobs:
-                first = pending.popleft()
-                batch = [first]
-                if first.get("group") is not None:  # a probe pair starts together
-                    batch += [t for t in pending if t.get("group") == first["group"]]
-                    for t in batch[1:]:
-                        pending.remove(t)
-                for t in batch:
-                    w = Worker(t["name"], t["args"], t["env"], self.log_dir, self.events, t["kind"], t)
-                    active.append(w)
-                    self.log(f"[{time.strftime('%H:%M:%S')}] start {w.name}")
+                t = pending.popleft()
+                w = Worker(t["name"], t["args"], t["env"], self.log_dir, self.events, t)
+                active.append(w)
+                self.log(f"[{time.strftime('%H:%M:%S')}] start {w.name}")
 
         def next_event(timeout: float) -> tuple[Worker, str | None]:
             if deferred:
@@ -183,36 +160,24 @@ class Runner:
                 active.remove(w)
             w.close()
 
-        def exclusive(group: list[Worker]) -> None:
-            """Pauses every other worker and runs the timed part of ``group``."""
-            others = [o for o in active if o not in group]
+        def exclusive(w: Worker) -> None:
+            """Pauses every other worker and runs the timed part of ``w``."""
+            others = [o for o in active if o is not w]
             for o in others:
                 o.pause()
             try:
-                if group[0].kind == "measure":
-                    (w,) = group
-                    w.send("GO")
-                    payload = self._await(w, "BENCH_RESULT", deferred)
-                    results.append((w.meta, payload))
-                else:
-                    for _ in range(PROBE_ROUNDS):
-                        for w in group:
-                            w.send("GO")
-                            self._await(w, "BENCH_ROUND", deferred)
-                    for w in group:
-                        w.send("DONE")
-                        results.append((w.meta, self._await(w, "BENCH_RESULT", deferred)))
-                for w in group:
-                    self.log(f"[{time.strftime('%H:%M:%S')}] done {w.name} "
-                             f"({time.perf_counter() - w.started:.0f}s)")
+                w.send("GO")
+                payload = self._await(w, "BENCH_RESULT", deferred)
+                results.append((w.meta, payload))
+                self.log(f"[{time.strftime('%H:%M:%S')}] done {w.name} "
+                         f"({time.perf_counter() - w.started:.0f}s)")
             except WorkerFailed as e:
                 self.failures.append(str(e))
                 self.log("FAILED " + str(e))
             finally:
-                for w in group:
-                    if w in active:
-                        active.remove(w)
-                    w.close()
+                if w in active:
+                    active.remove(w)
+                w.close()
                 for o in others:
                     o.resume()
 
@@ -233,13 +198,7 @@ class Runner:
             if not line.startswith("BENCH_READY"):
                 continue
             w.ready = True
-            if w.kind == "probe":
-                group = [o for o in active if o.meta.get("group") == w.meta.get("group")]
-                if not all(o.ready for o in group):
-                    continue  # the partner (started together) is still compiling
-            else:
-                group = [w]
-            exclusive(group)
+            exclusive(w)
         return results
 
     def _await(self, w: Worker, prefix: str, deferred: deque) -> Any:
@@ -258,7 +217,7 @@ class Runner:
                 return json.loads(body) if body else None
 
 
-def plan(sizes: Sizes, models: tuple[str, ...], depths: tuple[int, ...], probe: bool,
+def plan(sizes: Sizes, models: tuple[str, ...], depths: tuple[int, ...],
          steps: int | None) -> list[dict[str, Any]]:
     """Worker tasks, most expensive first (the transformer's deepest compiles longest)."""
     common = ["--sizes", sizes.name] + (["--steps", str(steps)] if steps else [])
@@ -266,27 +225,13 @@ def plan(sizes: Sizes, models: tuple[str, ...], depths: tuple[int, ...], probe: 
     measure = sorted(((m, d) for m in models for d in depths),
                      key=lambda md: (-(md[1] * (3 if md[0] == "transformer" else 1)), md[0]))
     for m, d in measure:
-        tasks.append({"name": f"{m}-{d}", "kind": "measure", "model": m, "depth": d,
-                      "args": ["--model", m, "--depth", str(d), *common], "env": worker_env(True)})
-    if probe:
-        pd = sizes.probe_depth or max(depths)
-        probes = []
-        for m in models:
-            for flag in (True, False):
-                probes.append({
-                    "name": f"probe-{m}-{pd}-{'flag' if flag else 'noflag'}", "kind": "probe", "model": m,
-                    "depth": pd, "flag": flag, "group": f"probe-{m}",
-                    "args": ["--model", m, "--depth", str(pd), "--probe-none", *common], "env": worker_env(flag),
-                })
-        # the transformer's pair early (it compiles longest), the others after the first task
-        probes.sort(key=lambda t: t["model"] != "transformer")
-        tasks[1:1] = probes[:2]
-        tasks.extend(probes[2:])
+        tasks.append({"name": f"{m}-{d}", "model": m, "depth": d,
+                      "args": ["--model", m, "--depth", str(d), *common], "env": worker_env()})
     return tasks
 
 
 def run_benchmark(sizes: Sizes, out: str | os.PathLike, *, models: tuple[str, ...] = MODELS,
-                  depths: tuple[int, ...] | None = None, probe: bool = True, jobs: int = 2,
+                  depths: tuple[int, ...] | None = None, jobs: int = 2,
                   steps: int | None = None, log=print) -> dict[str, Any]:
     """Runs everything and writes ``results.json``, ``results.md`` and ``memory_vs_time.png``.
 
@@ -298,20 +243,12 @@ def run_benchmark(sizes: Sizes, out: str | os.PathLike, *, models: tuple[str, ..
     depths = tuple(depths or sizes.depths)
     loadavg = _loadavg()
     runner = Runner(out, jobs, log=log)
-    results = runner.run(plan(sizes, models, depths, probe, steps))
+    results = runner.run(plan(sizes, models, depths, steps))
     rows: list[dict[str, Any]] = []
-    probes: list[dict[str, Any]] = []
     info: dict[str, Any] = {}
-    for task, payload in results:
-        if task["kind"] == "measure":
-            rows.extend(payload["result"])
-            info = info or payload["info"]
-        else:
-            p = dict(payload["result"])
-            p["flag"] = task["flag"]
-            p["xla_flags"] = payload["info"]["xla_flags"]
-            p["remat_flag_set"] = payload["info"]["remat_flag_set"]
-            probes.append(p)
+    for _task, payload in results:
+        rows.extend(payload["result"])
+        info = info or payload["info"]
     rows.sort(key=lambda r: (r["model"], r["depth"], r["framework"], r["variant"]))
     report.add_overheads(rows)
     notes = [
@@ -336,21 +273,19 @@ def run_benchmark(sizes: Sizes, out: str | os.PathLike, *, models: tuple[str, ..
         "failures": runner.failures, "notes": notes, **info,
     }
     meta["wall_s"] = round(time.perf_counter() - t0, 1)
-    return write_outputs(out, rows, probes, meta)
+    return write_outputs(out, rows, meta)
 
 
-def write_outputs(out: str | os.PathLike, rows: list[dict[str, Any]], probes: list[dict[str, Any]],
-                  meta: dict[str, Any]) -> dict[str, Any]:
+def write_outputs(out: str | os.PathLike, rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
     """Writes ``results.json``, ``results.md`` and ``memory_vs_time.png``; returns the JSON data."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report.add_overheads(rows)
     data = {
-        "meta": meta, "rows": rows, "ratios": report.jax_torch_ratios(rows),
-        "flag_effect": report.flag_effect(probes), "flag_probes": probes, "targets": report.targets(rows),
+        "meta": meta, "rows": rows, "ratios": report.jax_torch_ratios(rows), "targets": report.targets(rows),
     }
     (out / "results.json").write_text(json.dumps(data, indent=1))
-    (out / "results.md").write_text(report.markdown(rows, probes, meta))
+    (out / "results.md").write_text(report.markdown(rows, meta))
     report.plot(rows, out / "memory_vs_time.png")
     return data
 
@@ -364,7 +299,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depths", default=None, help="comma-separated depths (default: by size preset)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per variant (>= 5)")
     ap.add_argument("--jobs", type=int, default=2, help="workers compiling at once (timing is exclusive)")
-    ap.add_argument("--no-flag-probe", action="store_true", help="skip the flag_effect probe")
     args = ap.parse_args(argv)
     sizes = SIZES["tiny" if args.tiny else "quick" if args.quick else "full"]
     models = tuple(m for m in args.models.split(",") if m)
@@ -374,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     depths = tuple(int(d) for d in args.depths.split(",")) if args.depths else None
     if args.steps is not None and args.steps < 1:
         ap.error("--steps must be at least 1")
-    data = run_benchmark(sizes, args.out, models=models, depths=depths, probe=not args.no_flag_probe,
-                         jobs=args.jobs, steps=args.steps, log=lambda s: print(s, flush=True))
+    data = run_benchmark(sizes, args.out, models=models, depths=depths, jobs=args.jobs, steps=args.steps,
+                         log=lambda s: print(s, flush=True))
     print((Path(args.out) / "results.md").read_text())
     return 1 if data["meta"]["failures"] else 0
 

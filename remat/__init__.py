@@ -10,19 +10,14 @@ The public surface::
     remat.plan(loss, *args, budget=0.5)              # the fastest checkpointing that fits a budget
     remat.keep_freed_memory()                        # glibc keeps XLA:CPU's freed buffers for reuse
 
-Importing ``remat`` is cheap: it sets XLA's CPU flags (before any JAX backend starts;
-see :mod:`remat._xla_flags`) and loads the rest on first use, so ``remat --help`` does
-not pay for importing JAX and Flax.
+Importing ``remat`` is cheap and changes nothing: no environment variable, no XLA flag,
+no JAX setting. The rest loads on first use, so ``remat --help`` does not pay for
+importing JAX and Flax.
 """
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
-
-from remat._xla_flags import configure_cpu_for_remat as _configure_cpu_for_remat
-
-# Must run before anything starts a JAX backend: XLA reads its flags once, at start-up.
-_configure_cpu_for_remat()
 
 __version__ = "0.1.0"
 

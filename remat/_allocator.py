@@ -29,8 +29,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import sys
 import warnings
+
+from remat._runtime import jax_backend_started
 
 # mallopt parameter numbers, from glibc's <malloc.h>
 _M_TRIM_THRESHOLD = -1
@@ -69,8 +70,7 @@ def keep_freed_memory() -> bool:
     libc = _glibc()
     if libc is None:
         return False
-    bridge = sys.modules.get("jax._src.xla_bridge")
-    if bridge is not None and getattr(bridge, "backends_are_initialized", lambda: False)():
+    if jax_backend_started():
         warnings.warn("keep_freed_memory() after JAX started: its running threads keep their own "
                       "malloc arenas; call it before the first JAX computation", RuntimeWarning, stacklevel=2)
     # mallopt returns 1 on success. All three are needed: one arena (a thread's own arena

@@ -19,6 +19,7 @@ import jax
 
 from remat import _flax
 from remat._args import OutputStore, split_call
+from remat._lowering import mark_region
 from remat.budget import Budget
 from remat.policies import PolicySpec, policy_name, resolve_policy
 
@@ -283,7 +284,7 @@ def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwa
     def remat_with(policy: Any) -> Callable[..., Any]:
         if uses_nnx:
             return _flax.nnx_remat(region, dataclasses.replace(opts, policy=policy))
-        return jax.checkpoint(region, policy=policy, prevent_cse=opts.prevent_cse)
+        return jax.checkpoint(region, policy=mark_region(policy), prevent_cse=opts.prevent_cse)
 
     policy = opts.policy
     if isinstance(policy, Budget):  # a budget chooses per region, from the traced inputs

@@ -15,6 +15,7 @@ import flax.linen as nn
 from flax import nnx
 
 from remat._args import OutputStore, is_nnx_node, split_call
+from remat._lowering import mark_region
 
 if TYPE_CHECKING:
     from remat._checkpoint import CheckpointOptions
@@ -101,7 +102,7 @@ def captured(
 
 
 def nnx_remat(region: Callable[..., Any], opts: CheckpointOptions) -> Callable[..., Any]:
-    return nnx.remat(region, policy=opts.policy, prevent_cse=opts.prevent_cse)
+    return nnx.remat(region, policy=mark_region(opts.policy), prevent_cse=opts.prevent_cse)
 
 
 # --- Linen -----------------------------------------------------------------------------
@@ -177,7 +178,7 @@ def linen_call(function: Any, module: nn.Module, opts: CheckpointOptions, args: 
             out = function.__func__(mdl, *a, **k)  # the method, applied to the lifted copy
         return store.pack(out)
 
-    lifted = nn.checkpoint(region, policy=opts.policy, prevent_cse=opts.prevent_cse)
+    lifted = nn.checkpoint(region, policy=mark_region(opts.policy), prevent_cse=opts.prevent_cse)
     return store.unpack(lifted(module, *call.dynamic))
 
 
@@ -201,7 +202,7 @@ def linen_call_children(
         return store.pack(body(mine, call.rebuild(dynamic)[0][0]))
 
     call = split_call((x,), {}, ())
-    lifted = nn.checkpoint(region, policy=opts.policy, prevent_cse=opts.prevent_cse)
+    lifted = nn.checkpoint(region, policy=mark_region(opts.policy), prevent_cse=opts.prevent_cse)
     return store.unpack(lifted(parent, *call.dynamic))
 
 

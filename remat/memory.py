@@ -644,11 +644,12 @@ def with_policy(fn: Callable, policy: Any) -> Callable:
       >>> import jax.numpy as jnp
       >>> block = with_policy(lambda w, x: jnp.tanh(x @ w), "dots")
     """
+    from remat._lowering import mark_region
     from remat.scan import resolve_policy_spec
 
     if isinstance(policy, str) and policy == "none":
         return fn
-    return jax.checkpoint(fn, policy=resolve_policy_spec(policy))
+    return jax.checkpoint(fn, policy=mark_region(resolve_policy_spec(policy)))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -115,9 +115,9 @@ def setup_devices(n: int | None, args: Any = None) -> list[Any]:
     """
     import jax
 
-    from remat._xla_flags import _backend_state
+    from remat._runtime import jax_backend_started
 
-    started, _ = _backend_state()
+    started = jax_backend_started()
     n_proc_asked = getattr(args, "num_processes", None) or 1
     if n is not None and n > 1 and not started:
         local = n // n_proc_asked
