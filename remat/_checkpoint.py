@@ -11,14 +11,15 @@ import contextvars
 import dataclasses
 import functools
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 import jax
 
 from remat import _flax
-from remat._args import OutputStore, split_call
+from remat._args import OutputStore, SplitCall, is_python_scalar, signature, split_call
 from remat._lowering import mark_region
 from remat.budget import Budget
 from remat.policies import PolicySpec, policy_name, resolve_policy
@@ -35,8 +36,9 @@ class CheckpointOptions:
     policy: Callable[..., Any] | None
     policy_label: str
     static_argnums: tuple[int, ...]
-    prevent_cse: bool
+    prevent_cse: bool | tuple[Any, ...]
     debug: bool
+    trace_scalars: bool = False  # the decorator form traces Python numbers, as jax.checkpoint does
 
 
 def normalize_options(
@@ -49,7 +51,7 @@ def normalize_options(
     context_fn: Any = None,
     policy: PolicySpec = None,
     static_argnums: int | tuple[int, ...] = (),
-    prevent_cse: bool = True,
+    prevent_cse: bool | Sequence[Any] = True,
 ) -> CheckpointOptions:
     """Checks the keyword arguments of :func:`checkpoint` and maps them to JAX.
 
@@ -62,9 +64,15 @@ def normalize_options(
             "to save with policy= instead, e.g. policy=remat.policies.selective([...])"
         )
     for name, value in (("preserve_rng_state", preserve_rng_state), ("debug", debug),
-                        ("early_stop", early_stop), ("prevent_cse", prevent_cse)):
+                        ("early_stop", early_stop)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {value!r}")
+    if isinstance(prevent_cse, (list, tuple)):
+        prevent_cse = tuple(prevent_cse)
+        if not all(isinstance(f, bool) for f in jax.tree.leaves(prevent_cse)):
+            raise TypeError(f"prevent_cse must be a bool or a tuple (pytree prefix) of bools, got {prevent_cse!r}")
+    elif not isinstance(prevent_cse, bool):
+        raise TypeError(f"prevent_cse must be a bool or a tuple (pytree prefix) of bools, got {prevent_cse!r}")
     if use_reentrant is not None and not isinstance(use_reentrant, bool):
         raise TypeError(f"use_reentrant must be True, False or None, got {use_reentrant!r}")
     if determinism_check not in _DETERMINISM_CHECKS:
@@ -113,7 +121,7 @@ def checkpoint(
     context_fn: Any = None,
     policy: PolicySpec = None,
     static_argnums: int | tuple[int, ...] = (),
-    prevent_cse: bool = True,
+    prevent_cse: bool | Sequence[Any] = True,
     **kwargs: Any,
 ) -> Any:
     """Runs ``function`` so that its backward pass recomputes activations instead of keeping them.
@@ -223,6 +231,8 @@ def _wrap(function: Callable[..., Any], opts: CheckpointOptions) -> Callable[...
         return _flax.linen_remat_class(function, opts)
     _check_callable(function)
 
+    opts = dataclasses.replace(opts, trace_scalars=True)
+
     @functools.wraps(function)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
         return _run(function, opts, args, kwargs)
@@ -234,6 +244,83 @@ def _wrap(function: Callable[..., Any], opts: CheckpointOptions) -> Callable[...
 # function ``opts -> opts`` (or ``-> None``: run the region without checkpoint) here.
 _REGION_OVERRIDE: contextvars.ContextVar[Callable[[CheckpointOptions], CheckpointOptions | None] | None] = \
     contextvars.ContextVar("remat_region_override", default=None)
+
+# The signature of the inputs of the region being called, for its OutputStore.
+_CALL_SIGNATURE: contextvars.ContextVar[Any] = contextvars.ContextVar("remat_call_signature")
+
+# A warning, once per function, when Python scalars passed through the call form have made
+# this many different traces.
+SCALAR_VARIANTS_WARNING = 8
+
+
+class _Region:
+    """One checkpointed call's untraced part: the function and the arguments' static structure.
+
+    It is the static argument of the cached ``jax.checkpoint``/``nnx.remat`` callables, so
+    JAX's own trace cache recognizes a repeated call: equal regions (the same function, the
+    same pass-through values and structure) share one trace per input signature.
+    """
+
+    def __init__(self, function: Any, rebind: Any, num_nodes: int, call: SplitCall, key: Any):
+        # With NNX nodes the function is rebound to the region's copies of them, so the
+        # original module is not kept (nor, under nnx transforms, its traced state).
+        self.function = None if num_nodes else function
+        self.rebind = rebind
+        self.num_nodes = num_nodes
+        self.call = dataclasses.replace(call, dynamic=[])  # never keep the traced values
+        self.store = OutputStore()
+        self._key = key
+
+    def __eq__(self, other: object) -> bool:
+        if self._key is None or not isinstance(other, _Region):
+            return self is other
+        return self._key == other._key
+
+    def __hash__(self) -> int:
+        return id(self) if self._key is None else hash(self._key)
+
+    def __call__(self, *dynamic: Any) -> Any:
+        nodes, leaves = dynamic[:self.num_nodes], dynamic[self.num_nodes:]
+        target = self.rebind(nodes) if self.num_nodes else self.function
+        args, kwargs = self.call.rebuild(leaves)
+        return self.store.pack(target(*args, **kwargs), _CALL_SIGNATURE.get())
+
+
+# Interned regions: equal calls get the same _Region object, so that the OutputStore filled
+# when JAX traced it is the one read on later calls that JAX serves from its cache.
+_REGIONS: dict[Any, _Region] = {}
+_MAX_REGIONS = 4096
+
+
+def _interned(region: _Region) -> _Region:
+    if region._key is None:
+        return region
+    found = _REGIONS.get(region._key)
+    if found is not None:
+        return found
+    if len(_REGIONS) >= _MAX_REGIONS:
+        _REGIONS.pop(next(iter(_REGIONS)))
+    _REGIONS[region._key] = region
+    return region
+
+
+def _call_region(static: _Region, *dynamic: Any) -> Any:
+    return static(*dynamic)
+
+
+@functools.lru_cache(maxsize=None)
+def _checkpointed(policy: Any, prevent_cse: bool | tuple[bool, ...], nnx_state: bool) -> Callable[..., Any]:
+    """The checkpointed caller of regions, one per (policy, prevent_cse), so JAX caches traces.
+
+    Flax NNX graph nodes go through ``nnx.remat`` in its tree mode, which writes back only
+    the variables the region changed (BatchNorm statistics, RNG counts): under a plain
+    ``jax.grad``/``jax.jit`` the unchanged parameters are never written, so a module made
+    outside the transform stays valid.
+    """
+    if nnx_state:
+        return _flax.nnx_remat(_call_region, policy=policy, prevent_cse=prevent_cse)
+    return jax.checkpoint(_call_region, static_argnums=(0,), policy=mark_region(policy),
+                          prevent_cse=prevent_cse)
 
 
 def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwargs: dict) -> Any:
@@ -267,32 +354,66 @@ def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwa
             )
         return _flax.linen_call(function, linen_module, opts, args, kwargs)
 
-    call = split_call(args, kwargs, opts.static_argnums)
-    store = OutputStore()
+    call = split_call(args, kwargs, opts.static_argnums, trace_scalars=opts.trace_scalars,
+                      prevent_cse=opts.prevent_cse)
     # The module, the method's owner, or the modules a closure captured: nnx.remat inputs.
     bound = _flax.nnx_bound(function)
     nodes, rebind = bound if bound is not None else ([], None)
     uses_nnx = bool(nodes) or any(_flax.is_nnx_node(x) for x in call.dynamic)
-
-    def region(*dynamic: Any) -> Any:
-        target = rebind(dynamic[:len(nodes)]) if nodes else function
-        a, k = call.rebuild(dynamic[len(nodes):])
-        return store.pack(target(*a, **k))
-
+    if not opts.trace_scalars:
+        _count_scalar_variants(function, call)
+    key = None if call.static_key is None else (_flax.function_key(function), call.static_key, len(nodes))
+    region = _interned(_Region(function, rebind, len(nodes), call, key))
     inputs = list(nodes) + call.dynamic
+    flags = (True,) * len(nodes) + call.prevent_cse
+    prevent_cse = flags[0] if flags and all(f == flags[0] for f in flags) else flags
 
     def remat_with(policy: Any) -> Callable[..., Any]:
-        if uses_nnx:
-            return _flax.nnx_remat(region, dataclasses.replace(opts, policy=policy))
-        return jax.checkpoint(region, policy=mark_region(policy), prevent_cse=opts.prevent_cse)
+        return functools.partial(_checkpointed(policy, prevent_cse, uses_nnx), region)
 
     policy = opts.policy
     if isinstance(policy, Budget):  # a budget chooses per region, from the traced inputs
         policy = policy.choose(remat_with, inputs).policy
-    remat_region = remat_with(policy)
-    if opts.debug:
-        _print_debug_report(function, region, remat_region, inputs, opts)
-    return store.unpack(remat_region(*inputs))
+    sig = signature(inputs)
+    token = _CALL_SIGNATURE.set(sig)
+    try:
+        if opts.debug:
+            _print_debug_report(function, functools.partial(_call_region, region), remat_with(policy),
+                                inputs, opts)
+        outputs = remat_with(policy)(*inputs)
+        if not region.store.has(sig):
+            # JAX served a trace made for an equal region that has since left the intern
+            # table: trace this one afresh, under a region no cache knows.
+            region = _Region(function, rebind, len(nodes), call, None)
+            outputs = remat_with(policy)(*inputs)
+    finally:
+        _CALL_SIGNATURE.reset(token)
+    return region.store.unpack(outputs, sig)
+
+
+_scalar_variants: dict[Any, set] = {}
+
+
+def _count_scalar_variants(function: Any, call: SplitCall) -> None:
+    """Warns once per function when pass-through Python scalars have made many traces."""
+    scalars = tuple(x for x in call.static if is_python_scalar(x))
+    if not scalars:
+        return
+    key = _flax.function_key(function)
+    if len(_scalar_variants) >= _MAX_REGIONS:
+        _scalar_variants.clear()
+    seen = _scalar_variants.setdefault(key, set())
+    if len(seen) > SCALAR_VARIANTS_WARNING:
+        return
+    seen.add(scalars)
+    if len(seen) > SCALAR_VARIANTS_WARNING:
+        name = getattr(function, "__qualname__", type(function).__name__)
+        warnings.warn(
+            f"remat.checkpoint({name}, ...) was traced for {len(seen)} different values of its Python "
+            "number arguments, which the call form passes through untraced (as PyTorch does); pass "
+            "numbers that change as jnp.asarray(v), or use the decorator form, which traces them",
+            RuntimeWarning, stacklevel=4,
+        )
 
 
 def _print_debug_report(function, region, remat_region, inputs, opts: CheckpointOptions) -> None:

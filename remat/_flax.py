@@ -35,11 +35,14 @@ def nnx_owner(function: Any) -> nnx.Module | None:
     return None
 
 
-def rebind_nnx(function: Any, module: nnx.Module) -> Callable[..., Any]:
-    """``function`` applied to ``module`` (the copy that ``nnx.remat`` hands the region)."""
+def function_key(function: Any) -> Any:
+    """What identifies ``function``'s trace: for an NNX module or method its class or
+    method, since the module itself (its state) is an input of the region."""
     if isinstance(function, nnx.Module):
-        return module
-    return function.__func__.__get__(module)
+        return ("nnx.Module", type(function))
+    if nnx_owner(function) is not None:
+        return ("nnx.Module method", function.__func__)
+    return function
 
 
 def nnx_bound(function: Any) -> tuple[list[Any], Callable[[Sequence[Any]], Callable[..., Any]]] | None:
@@ -52,7 +55,10 @@ def nnx_bound(function: Any) -> tuple[list[Any], Callable[[Sequence[Any]], Calla
     """
     owner = nnx_owner(function)
     if owner is not None:
-        return [owner], lambda nodes: rebind_nnx(function, nodes[0])
+        if owner is function:
+            return [owner], lambda nodes: nodes[0]
+        method = function.__func__  # not the bound method: it would keep the original module
+        return [owner], lambda nodes: method.__get__(nodes[0])
     nodes, rebuild = captured(function, is_nnx_node)
     return (nodes, rebuild) if nodes else None
 
@@ -101,8 +107,11 @@ def captured(
     return found, rebuild
 
 
-def nnx_remat(region: Callable[..., Any], opts: CheckpointOptions) -> Callable[..., Any]:
-    return nnx.remat(region, policy=mark_region(opts.policy), prevent_cse=opts.prevent_cse)
+def nnx_remat(fn: Callable[..., Any], *, policy: Any, prevent_cse: bool | tuple) -> Callable[..., Any]:
+    """``nnx.remat(fn)`` with ``fn``'s first argument static, in tree mode: it writes back
+    only the variables ``fn`` changed, so modules made outside a plain JAX transform stay valid."""
+    return nnx.remat(fn, static_argnums=(0,), policy=mark_region(policy), prevent_cse=prevent_cse,
+                     graph_updates=False)
 
 
 # --- Linen -----------------------------------------------------------------------------
@@ -163,7 +172,7 @@ def linen_call(function: Any, module: nn.Module, opts: CheckpointOptions, args: 
     closure, rebuild = ([], None) if lifted_first_arg else captured(function, _is_linen_module)
     call_args = args[1:] if lifted_first_arg else args
     static = tuple(i - 1 for i in opts.static_argnums if i > 0) if lifted_first_arg else opts.static_argnums
-    call = split_call(call_args, kwargs, static)
+    call = split_call(call_args, kwargs, static, trace_scalars=opts.trace_scalars)
     store = OutputStore()
 
     def region(mdl: nn.Module, *dynamic: Any) -> Any:
@@ -176,10 +185,10 @@ def linen_call(function: Any, module: nn.Module, opts: CheckpointOptions, args: 
             out = mdl(*a, **k)
         else:
             out = function.__func__(mdl, *a, **k)  # the method, applied to the lifted copy
-        return store.pack(out)
+        return store.pack(out, None)
 
-    lifted = nn.checkpoint(region, policy=mark_region(opts.policy), prevent_cse=opts.prevent_cse)
-    return store.unpack(lifted(module, *call.dynamic))
+    lifted = nn.checkpoint(region, policy=mark_region(opts.policy), prevent_cse=_linen_cse(opts, call))
+    return store.unpack(lifted(module, *call.dynamic), None)
 
 
 def linen_call_children(
@@ -199,11 +208,16 @@ def linen_call_children(
 
     def region(mdl: nn.Module, *dynamic: Any) -> Any:
         mine = [c if p is None else _follow(mdl, p) for c, p in zip(children, paths)]
-        return store.pack(body(mine, call.rebuild(dynamic)[0][0]))
+        return store.pack(body(mine, call.rebuild(dynamic)[0][0]), None)
 
     call = split_call((x,), {}, ())
-    lifted = nn.checkpoint(region, policy=mark_region(opts.policy), prevent_cse=opts.prevent_cse)
-    return store.unpack(lifted(parent, *call.dynamic))
+    lifted = nn.checkpoint(region, policy=mark_region(opts.policy), prevent_cse=_linen_cse(opts, call))
+    return store.unpack(lifted(parent, *call.dynamic), None)
+
+
+def _linen_cse(opts: CheckpointOptions, call: Any) -> bool:
+    """Linen's lifted checkpoint takes one bool: any argument asking for CSE prevention gets it."""
+    return opts.prevent_cse if isinstance(opts.prevent_cse, bool) else any(call.prevent_cse)
 
 
 def _attribute_path(parent: nn.Module, child: nn.Module) -> tuple[str, int | None]:
@@ -233,7 +247,16 @@ def linen_remat_class(cls: type[nn.Module], opts: CheckpointOptions) -> type[nn.
     parameters move from ``Dense_0`` to ``CheckpointDense_0``), the class keeps its name
     and so the parameter tree is unchanged; non-array call arguments pass through untraced.
     """
+    import dataclasses
+
     from remat._checkpoint import _run  # the one dispatch; imported late to avoid a cycle
+
+    # static_argnums count self as position 0, as nn.remat's do; the bound __call__ does not
+    if 0 in opts.static_argnums:
+        raise ValueError(f"checkpoint({cls.__name__}, static_argnums=...): position 0 is self; "
+                         "the call arguments start at 1, as in nn.remat")
+    opts = dataclasses.replace(opts, trace_scalars=True,
+                               static_argnums=tuple(i - 1 for i in opts.static_argnums))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return _run(cls.__call__.__get__(self), opts, args, kwargs)

@@ -110,24 +110,24 @@ def checkpoint_sequential(
         )
     opts = normalize_options(use_reentrant=use_reentrant, **kwargs)
 
-    def run(chunk: list[Callable[..., Any]], x: Any) -> Any:
-        for f in chunk:
-            x = f(x)
-        return x
-
     bounds = segment_bounds(len(layers), segments)
     parent = _linen_parent(layers)
     for start, end in bounds:
         chunk = layers[start:end]
         if parent is not None:
-            input = _flax.linen_call_children(parent, chunk, run, opts, input)
-        elif any(isinstance(f, nnx.Module) for f in chunk):
-            # pass the modules in as arguments so nnx.remat carries their state
-            input = _run(run, opts, (chunk, input), {})
+            input = _flax.linen_call_children(parent, chunk, _run_chunk, opts, input)
         else:
-            input = _run(lambda x, chunk=chunk: run(chunk, x), opts, (input,), {})
+            # the chunk is an argument: NNX modules in it carry their state into the region,
+            # and equal chunks of plain functions share one trace
+            input = _run(_run_chunk, opts, (chunk, input), {})
     last = bounds[-1][1] if bounds else 0
-    return run(layers[last:], input)
+    return _run_chunk(layers[last:], input)
+
+
+def _run_chunk(chunk: list[Callable[..., Any]], x: Any) -> Any:
+    for f in chunk:
+        x = f(x)
+    return x
 
 
 def _linen_parent(layers: list[Any]) -> nn.Module | None:

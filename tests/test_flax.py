@@ -406,9 +406,17 @@ class TrainMLP(nn.Module):
         return nn.Dense(2)(h)
 
 
-@pytest.mark.parametrize("static", [(), (1,)], ids=["passthrough", "static_argnums"])
-def test_linen_class_with_non_array_call_args(static):
-    Ck = checkpoint(TrainMLP, static_argnums=static)
+def test_linen_class_traces_python_bools_like_nn_remat():
+    """The class form follows nn.remat: a Python bool is traced unless static_argnums names it."""
+    with pytest.raises(jax.errors.TracerBoolConversionError):
+        checkpoint(TrainMLP)().init(jax.random.key(0), X, False)
+    with pytest.raises(jax.errors.TracerBoolConversionError):
+        nn.remat(TrainMLP)().init(jax.random.key(0), X, False)
+
+
+def test_linen_class_static_argnums_count_self_like_nn_remat():
+    """static_argnums=(2,) is `train` in both: self is position 0."""
+    Ck = checkpoint(TrainMLP, static_argnums=(2,))
     p0 = TrainMLP().init(jax.random.key(0), X, False)
     p1 = Ck().init(jax.random.key(0), X, False)
     assert_trees_close(p1, p0)
@@ -420,6 +428,10 @@ def test_linen_class_with_non_array_call_args(static):
             assert_trees_close(loss(Ck, p0), loss(TrainMLP, p0))
             assert_trees_close(jax.grad(lambda p: loss(Ck, p))(p0), jax.grad(lambda p: loss(TrainMLP, p))(p0))
     assert remat_count(lambda p: Ck().apply(p, X, True, rngs=RNGS), p0) == 1
+    p_nn = nn.remat(TrainMLP, static_argnums=(2,))().init(jax.random.key(0), X, False)
+    assert_trees_close(jax.tree.leaves(p_nn), jax.tree.leaves(p0))
+    with pytest.raises(ValueError, match="position 0 is self"):
+        checkpoint(TrainMLP, static_argnums=(0,))
 
 
 def test_linen_class_inside_setup_and_bound_submodule_of_it():
