@@ -237,7 +237,7 @@ def _wrap(function: Callable[..., Any], opts: CheckpointOptions) -> Callable[...
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
         return _run(function, opts, args, kwargs)
 
-    return checkpointed
+    return _flax.linen_method(checkpointed)
 
 
 # A planner (remat.plan) re-decides every region of a step while it is traced: it sets a
@@ -309,16 +309,15 @@ def _call_region(static: _Region, *dynamic: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
-def _checkpointed(policy: Any, prevent_cse: bool | tuple[bool, ...], nnx_state: bool) -> Callable[..., Any]:
-    """The checkpointed caller of regions, one per (policy, prevent_cse), so JAX caches traces.
+def _checkpointed(policy: Any, prevent_cse: bool | tuple[bool, ...], nnx_mode: str | None) -> Callable[..., Any]:
+    """The checkpointed caller of regions, one per option set, so that JAX caches traces.
 
-    Flax NNX graph nodes go through ``nnx.remat`` in its tree mode, which writes back only
-    the variables the region changed (BatchNorm statistics, RNG counts): under a plain
-    ``jax.grad``/``jax.jit`` the unchanged parameters are never written, so a module made
-    outside the transform stays valid.
+    ``nnx_mode``: ``None`` without Flax NNX nodes; ``"in place"`` or ``"changed only"``
+    (see :func:`remat._flax.nnx_remat`) with them.
     """
-    if nnx_state:
-        return _flax.nnx_remat(_call_region, policy=policy, prevent_cse=prevent_cse)
+    if nnx_mode is not None:
+        return _flax.nnx_remat(_call_region, policy=policy, prevent_cse=prevent_cse,
+                               in_place=nnx_mode == "in place")
     return jax.checkpoint(_call_region, static_argnums=(0,), policy=mark_region(policy),
                           prevent_cse=prevent_cse)
 
@@ -359,7 +358,8 @@ def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwa
     # The module, the method's owner, or the modules a closure captured: nnx.remat inputs.
     bound = _flax.nnx_bound(function)
     nodes, rebind = bound if bound is not None else ([], None)
-    uses_nnx = bool(nodes) or any(_flax.is_nnx_node(x) for x in call.dynamic)
+    graph_nodes = list(nodes) + [x for x in call.dynamic if _flax.is_nnx_node(x)]
+    nnx_mode = None if not graph_nodes else "in place" if _flax.nnx_in_place(graph_nodes) else "changed only"
     if not opts.trace_scalars:
         _count_scalar_variants(function, call)
     key = None if call.static_key is None else (_flax.function_key(function), call.static_key, len(nodes))
@@ -369,7 +369,7 @@ def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwa
     prevent_cse = flags[0] if flags and all(f == flags[0] for f in flags) else flags
 
     def remat_with(policy: Any) -> Callable[..., Any]:
-        return functools.partial(_checkpointed(policy, prevent_cse, uses_nnx), region)
+        return functools.partial(_checkpointed(policy, prevent_cse, nnx_mode), region)
 
     policy = opts.policy
     if isinstance(policy, Budget):  # a budget chooses per region, from the traced inputs

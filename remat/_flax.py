@@ -107,11 +107,23 @@ def captured(
     return found, rebuild
 
 
-def nnx_remat(fn: Callable[..., Any], *, policy: Any, prevent_cse: bool | tuple) -> Callable[..., Any]:
-    """``nnx.remat(fn)`` with ``fn``'s first argument static, in tree mode: it writes back
-    only the variables ``fn`` changed, so modules made outside a plain JAX transform stay valid."""
+def nnx_remat(fn: Callable[..., Any], *, policy: Any, prevent_cse: bool | tuple,
+              in_place: bool) -> Callable[..., Any]:
+    """``nnx.remat(fn)`` with ``fn``'s first argument static.
+
+    ``in_place``: the nodes belong to the current trace (eager code, or inside an nnx
+    transform), so every update is written back as ``nnx.remat`` does, attributes and
+    graph changes included. Otherwise (a plain ``jax.grad``/``jax.jit`` over modules made
+    outside it) ``nnx.remat``'s tree mode writes back only the Variables the region changed:
+    the untouched parameters are never written, so the modules stay valid.
+    """
     return nnx.remat(fn, static_argnums=(0,), policy=mark_region(policy), prevent_cse=prevent_cse,
-                     graph_updates=False)
+                     graph_updates=None if in_place else False)
+
+
+def nnx_in_place(nodes: Sequence[Any]) -> bool:
+    """Whether every Variable of ``nodes`` can be updated in the current trace."""
+    return all(v._can_update for _, v in nnx.graph.iter_graph(list(nodes)) if isinstance(v, nnx.Variable))
 
 
 # --- Linen -----------------------------------------------------------------------------
@@ -169,6 +181,11 @@ def linen_call(function: Any, module: nn.Module, opts: CheckpointOptions, args: 
     """Runs ``function(*args, **kwargs)`` as a region lifted over ``module``'s scope."""
     # the module came as args[0] (else it is function itself, its self, or in its closure)
     lifted_first_arg = _linen_instance(function) is None and bool(args) and args[0] is module
+    if lifted_first_arg and _is_own_method(module, function):
+        # A method decorated with @remat.checkpoint, which Linen left unwrapped (see
+        # linen_method): as under nn.remat, Linen's handler (and so setup) runs inside the
+        # region, on the lifted copy, and the lift only validates setup outside.
+        function = nn.module.wrap_method_once(function)
     closure, rebuild = ([], None) if lifted_first_arg else captured(function, _is_linen_module)
     call_args = args[1:] if lifted_first_arg else args
     static = tuple(i - 1 for i in opts.static_argnums if i > 0) if lifted_first_arg else opts.static_argnums
@@ -189,6 +206,23 @@ def linen_call(function: Any, module: nn.Module, opts: CheckpointOptions, args: 
 
     lifted = nn.checkpoint(region, policy=mark_region(opts.policy), prevent_cse=_linen_cse(opts, call))
     return store.unpack(lifted(module, *call.dynamic), None)
+
+
+def linen_method(checkpointed: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks a decorated function so that Linen does not wrap it as a module method.
+
+    Linen wraps each method of a Module class with a handler that sets the module up
+    first. Under ``nn.remat`` that handler runs inside the lifted region instead
+    (``linen_call`` does the same), so ``setup`` runs as often with remat as there.
+    The mark means nothing for functions that never become Linen methods.
+    """
+    checkpointed.method_handler_wrapped = True  # type: ignore[attr-defined]
+    return checkpointed
+
+
+def _is_own_method(module: nn.Module, function: Any) -> bool:
+    attribute = getattr(type(module), getattr(function, "__name__", ""), None)
+    return getattr(attribute, "__wrapped__", None) is function
 
 
 def linen_call_children(

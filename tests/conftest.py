@@ -1,4 +1,8 @@
-"""Shared helpers for the core's tests: residual counting, jaxpr inspection, tree comparison.
+"""Shared helpers for the tests: residual counting, jaxpr inspection, tree comparison.
+
+A test marked ``@pytest.mark.isolated`` runs in a child process of its own, so that a test
+which could abort the interpreter (an XLA check failure) fails alone instead of taking the
+suite down with it.
 
 Import them in a test module with ``from conftest import ...`` (pytest puts ``tests/`` on
 ``sys.path`` for a rootless ``conftest.py``).
@@ -6,6 +10,8 @@ Import them in a test module with ``from conftest import ...`` (pytest puts ``te
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +21,7 @@ import numpy as np
 import pytest
 from jax._src.ad_checkpoint import saved_residuals
 
-import remat  # noqa: F401  (configures XLA's CPU flags before any backend starts)
+import remat  # noqa: F401  (every test, the upstream ports included, runs with remat imported)
 
 REMAT_PRIMITIVES = ("checkpoint", "remat", "remat2")
 REMAT_DIR = os.path.dirname(os.path.abspath(remat.__file__))
@@ -96,3 +102,31 @@ def assert_clean_error(excinfo: pytest.ExceptionInfo, *fragments: str) -> None:
     assert not any("/jax/" in f.filename for f in frames), "raised after JAX started tracing"
     # exactly TypeError/ValueError: JAX's own errors (ConcretizationTypeError, ...) subclass them
     assert type(excinfo.value) in (TypeError, ValueError), type(excinfo.value)
+
+
+# --- isolated tests ---------------------------------------------------------------------
+
+_CHILD = "REMAT_ISOLATED_CHILD"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "isolated: run the test in a child process (it could abort the interpreter)"
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    if item.get_closest_marker("isolated") is None or os.environ.get(_CHILD):
+        return
+    env = {**os.environ, _CHILD: "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "",
+         f"{item.path}::{item.name}" if item.cls is None else f"{item.path}::{item.cls.__name__}::{item.name}"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        pytest.fail(f"isolated run exited with status {proc.returncode}:\n{tail}", pytrace=False)
+    # the child ran the test; skip the in-process call
+    item.runtest = lambda: None  # type: ignore[method-assign]
