@@ -40,6 +40,7 @@ from typing import Any, Union
 import jax
 from jax import checkpoint_policies as _jcp
 from jax.ad_checkpoint import Recompute
+from jax.extend.core import Primitive
 from jax._src.ad_checkpoint import name_p as _name_p
 
 Policy = Callable[..., Any]
@@ -228,15 +229,20 @@ TORCH_OP_ALIASES: dict[str, tuple[str, ...]] = {
 
 
 def _op_names(op: Any) -> tuple[str, ...]:
-    """Primitive names for a JAX primitive, a primitive name, or a PyTorch op name."""
-    if isinstance(op, jax.extend.core.Primitive):
+    """Primitive names for a JAX primitive, a primitive name, or a PyTorch op (name or object)."""
+    if isinstance(op, Primitive):
         return (op.name,)
-    name = getattr(op, "__name__", None) if not isinstance(op, str) else op
+    # torch.ops.aten.mm / .default carry their operator's name; strings and others are parsed
+    name = getattr(op, "_opname", None)
+    if name is None and not isinstance(op, str) and not hasattr(op, "__name__"):
+        raise TypeError(
+            f"selective() takes operations (a PyTorch op such as torch.ops.aten.mm.default or "
+            f"'mm', a JAX primitive or its name), got {op!r}"
+        )
     if name is None:
-        # torch.ops.aten.mm.default and friends: take the overload packet's name.
-        name = str(op)
-    name = name.split(".")[-2] if name.startswith(("aten.", "torch.ops.aten.")) and name.count(".") >= 2 else name
-    name = name.removeprefix("aten.").removeprefix("torch.ops.aten.")
+        name = op if isinstance(op, str) else getattr(op, "__name__", str(op))
+        name = name.removeprefix("torch.ops.").removeprefix("aten::").removeprefix("aten.")
+        name = name.split(".")[0]  # "mm.default": an overload of mm
     return TORCH_OP_ALIASES.get(name, (name,))
 
 
