@@ -371,12 +371,12 @@ def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwa
     def remat_with(policy: Any) -> Callable[..., Any]:
         return functools.partial(_checkpointed(policy, prevent_cse, nnx_mode), region)
 
-    policy = opts.policy
-    if isinstance(policy, Budget):  # a budget chooses per region, from the traced inputs
-        policy = policy.choose(remat_with, inputs).policy
     sig = signature(inputs)
     token = _CALL_SIGNATURE.set(sig)
     try:
+        policy = opts.policy
+        if isinstance(policy, Budget):  # a budget chooses per region, from the traced inputs
+            policy = policy.choose(remat_with, inputs).policy
         if opts.debug:
             _print_debug_report(function, functools.partial(_call_region, region), remat_with(policy),
                                 inputs, opts)
