@@ -38,8 +38,9 @@ NNX model and its PyTorch twin, with identical weights), prepares every JAX vari
     freed). Each (model, depth) runs in a fresh process; while RSS is measured, glibc's
     allocator is switched (``mallopt``, see :func:`malloc_mode`) so that buffers over
     128 KiB are mmap'd and returned to the kernel when freed, so the high-water mark
-    tracks live bytes; for the timed steps it is switched back to reusing its heap. When the high-water mark cannot be reset, the
-    step's RSS is sampled in a thread instead (``rss_method`` says which).
+    tracks live bytes; for the timed steps it is switched back to reusing its heap.
+    When the high-water mark cannot be reset, the step's RSS is sampled in a thread
+    instead (``rss_method`` says which).
 
 ``step_ms``
     Median over ``steps`` timed training steps (loss + gradient w.r.t. all parameters;

@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "plans.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    lines = ["| model | depth | budget | plan | temp MiB (limit) | plan ms | best fixed that fits | its ms | ratio | vs nothing |",
+    lines = ["| model | depth | budget | plan | temp MiB (limit) | plan ms | best fixed that fits | its ms | ratio "
+             "| vs nothing |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     mib = 2**20
     for r in rows:

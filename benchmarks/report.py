@@ -78,7 +78,8 @@ def targets(rows: list[dict]) -> list[dict[str, Any]]:
                 continue
             temp = _ratio(r["temp_bytes"], none["temp_bytes"])
             ok = temp is not None and temp <= temp_max and r["overhead"] <= ovh_max
-            add(f"transformer {d} layers, per-block {variant}: temp <= {temp_max:.0%} of none, overhead <= {ovh_max:.2f}",
+            add(f"transformer {d} layers, per-block {variant}: temp <= {temp_max:.0%} of none, "
+                f"overhead <= {ovh_max:.2f}",
                 ok, f"temp {_mib(r['temp_bytes'])} / {_mib(none['temp_bytes'])} MiB = {temp:.1%}; "
                     f"overhead {r['overhead']:.2f}")
     for model, depth in models_depths(rows):

@@ -5,7 +5,8 @@ Measures the MLP and the transformer of :mod:`models` at several depths (``--qui
 ``dots_no_batch``, ``names``, ``scan``, ``scan_nested``, ``sequential``) and PyTorch
 (``none``, ``nothing``, ``sequential``), and writes to ``--out``:
 
-* ``results.json``: ``{"meta": ..., "rows": [...], "ratios": [...], "targets": [...]}``; every row a flat object with ``framework``, ``model``, ``depth``,
+* ``results.json``: ``{"meta": ..., "rows": [...], "ratios": [...], "targets": [...]}``;
+  every row a flat object with ``framework``, ``model``, ``depth``,
   ``variant``, ``saved_bytes``, ``temp_bytes``, ``peak_rss_bytes``, ``step_ms``,
   ``overhead`` (and a few extra fields, see :func:`benchmarks.measure.measure_model`);
 * ``results.md``: the tables, the JAX/PyTorch ratios and the targets;
@@ -32,8 +33,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from benchmarks.measure import MODELS, NAMES_POLICY, SIZES, Sizes
 from benchmarks import report
+from benchmarks.measure import MODELS, NAMES_POLICY, SIZES, Sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from remat import checkpoint
-
 from remat.examples._common import max_abs_diff, result, try_import_torch  # examples/ installs as remat.examples
 
 

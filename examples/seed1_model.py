@@ -23,7 +23,6 @@ import numpy as np
 from flax import nnx
 
 from remat import checkpoint
-
 from remat.examples._common import max_abs_diff, result, try_import_torch  # examples/ installs as remat.examples
 
 

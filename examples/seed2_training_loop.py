@@ -38,7 +38,6 @@ import optax
 from flax import nnx
 
 from remat import checkpoint
-
 from remat.examples._common import result, try_import_torch  # examples/ installs as remat.examples
 
 EPOCHS = 10

@@ -142,4 +142,5 @@ def call_factory(factory: Factory, **offered: Any) -> tuple[Any, frozenset[str]]
     return factory(**passed), frozenset(passed)
 
 
-__all__ = ["MODELS", "NAMES", "ModelEntry", "RematSettings", "call_factory", "load_factory", "cnn", "mlp", "seed", "transformer"]
+__all__ = ["MODELS", "NAMES", "ModelEntry", "RematSettings", "call_factory", "load_factory", "cnn", "mlp", "seed",
+           "transformer"]

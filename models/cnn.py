@@ -32,9 +32,9 @@ import numpy as np
 from flax import nnx
 
 import remat
-from remat import ops
 from models._settings import RematSettings, jax_block, torch_block
 from models._twin import build_pair
+from remat import ops
 
 CHECKPOINT_NAMES = ("conv_out",)
 BN_EPS = 1e-5

@@ -20,9 +20,9 @@ import numpy as np
 from flax import nnx
 
 import remat
-from remat import ops
 from models._settings import RematSettings, jax_block, torch_block
 from models._twin import build_pair
+from remat import ops
 
 #: Names this model tags with ``remat.checkpoint_name`` (the ``"names"`` policy saves them).
 CHECKPOINT_NAMES = ("mlp_hidden",)

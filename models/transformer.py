@@ -29,9 +29,9 @@ import numpy as np
 from flax import nnx
 
 import remat
-from remat import ops
 from models._settings import RematSettings, jax_block, torch_block
 from models._twin import build_pair
+from remat import ops
 
 CHECKPOINT_NAMES = ("attn_out", "mlp_hidden")
 LN_EPS = 1e-5  # torch.nn.LayerNorm's default (Flax's is 1e-6)

@@ -45,16 +45,26 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from jax.ad_checkpoint import checkpoint_name
+    # For type checkers and IDEs: ``name as name`` marks each import as a re-export
+    # (``__all__`` is computed, so they cannot read it); at run time __getattr__ loads them.
+    from jax.ad_checkpoint import checkpoint_name as checkpoint_name
 
-    from remat import memory, ops, policies, scan
-    from remat._allocator import keep_freed_memory
-    from remat.memory import compare_policies, compiled_memory, peak_rss_bytes, saved_residuals
-    from remat.planner import plan
-    from remat.scan import scan_layers, scan_nnx_layers, stack_nnx_layers
-    from remat._checkpoint import checkpoint
-    from remat.policies import CheckpointPolicy
-    from remat.sequential import checkpoint_sequential
+    from remat import memory as memory
+    from remat import ops as ops
+    from remat import policies as policies
+    from remat import scan as scan
+    from remat._allocator import keep_freed_memory as keep_freed_memory
+    from remat._checkpoint import checkpoint as checkpoint
+    from remat.memory import compare_policies as compare_policies
+    from remat.memory import compiled_memory as compiled_memory
+    from remat.memory import peak_rss_bytes as peak_rss_bytes
+    from remat.memory import saved_residuals as saved_residuals
+    from remat.planner import plan as plan
+    from remat.policies import CheckpointPolicy as CheckpointPolicy
+    from remat.scan import scan_layers as scan_layers
+    from remat.scan import scan_nnx_layers as scan_nnx_layers
+    from remat.scan import stack_nnx_layers as stack_nnx_layers
+    from remat.sequential import checkpoint_sequential as checkpoint_sequential
 
 
 def __getattr__(name: str) -> Any:

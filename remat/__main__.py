@@ -1,3 +1,5 @@
-from remat.cli import main
 import sys
+
+from remat.cli import main
+
 sys.exit(main())

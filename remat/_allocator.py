@@ -44,8 +44,9 @@ def _glibc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name or "libc.so.6")
-        libc.gnu_get_libc_version  # only glibc has it (not musl, not macOS)
-    except (OSError, AttributeError):
+    except OSError:
+        return None
+    if not hasattr(libc, "gnu_get_libc_version"):  # only glibc has it (not musl, not macOS)
         return None
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     libc.mallopt.restype = ctypes.c_int

@@ -7,7 +7,7 @@ closes over the rest, which may then drive Python control flow.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 

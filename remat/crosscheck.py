@@ -71,7 +71,7 @@ Optimizers
 | ``"nesterov"`` | ``SGD(lr, momentum=mu, nesterov=True)`` | ``optax.sgd(lr, momentum=mu, nesterov=True)`` |
 | ``"adam"`` | ``Adam(lr, betas=(b1, b2), eps=eps)`` | ``optax.adam(lr, b1, b2, eps=eps)`` (``eps_root=0``) |
 | ``"adamw"`` | ``AdamW(lr, betas, eps, weight_decay=wd)`` | ``optax.adamw(lr, b1, b2, eps=eps, weight_decay=wd)`` |
-| (L2 Adam, not built in) | ``Adam(lr, weight_decay=wd)`` | ``optax.chain(optax.add_decayed_weights(wd), optax.adam(lr))`` |
+| (L2 Adam, by hand) | ``Adam(lr, weight_decay=wd)`` | ``optax.chain(optax.add_decayed_weights(wd), optax.adam(lr))`` |
 
 Why these match (verified numerically by the tests, float64 to ~1e-12):
 
@@ -372,8 +372,8 @@ def torch_checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) ->
     Returns:
       ``function(*args, **kwargs)``.
     """
-    torch = _torch()
-    import torch.utils.checkpoint
+    _torch()  # without PyTorch: the ImportError that names the [torch] extra
+    import torch.utils.checkpoint  # binds the name torch as well
 
     owner = function if isinstance(function, torch.nn.Module) else getattr(function, "__self__", None)
     norms = [m for m in owner.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
@@ -694,6 +694,23 @@ class GradientReport(_RowsVerdict):
         return "\n".join([title, *_format_rows(self.rows)])
 
 
+def _jax_value_and_grad(call: Callable[..., Any], jax_loss: Callable[[Any], Any], graphdef: Any,
+                        argnums: tuple[int, ...]) -> Callable[..., Any]:
+    """The jitted ``(state, *inputs) -> (outputs, gradients, new state)`` of one JAX step."""
+
+    def f(model, *args):
+        out = call(model, *args)
+        return jax_loss(out), out
+
+    @_jit
+    def value_and_grad(state, *args):
+        model = nnx.merge(graphdef, state)
+        (_, out), grads = nnx.value_and_grad(f, argnums=argnums, has_aux=True)(model, *args)
+        return out, grads, nnx.state(model)
+
+    return value_and_grad
+
+
 def compare_gradients(
     jax_model: nnx.Module,
     torch_model: Any,
@@ -765,21 +782,9 @@ def compare_gradients(
                        for n, p in tm.named_parameters()}
             # JAX
             jxs = _jax_arrays(xs, dtype, channels_last)
-            call = _wrap_jax(jm, checkpoint)
-
-            def f(model, *args):
-                out = call(model, *args)
-                return jax_loss(out), out
-
             argnums = (0, *(i + 1 for i in float_idx))
             graphdef, state = nnx.split(jm)
-
-            @_jit
-            def value_and_grad(state, *args):
-                model = nnx.merge(graphdef, state)
-                (_, out), grads = nnx.value_and_grad(f, argnums=argnums, has_aux=True)(model, *args)
-                return out, grads, nnx.state(model)
-
+            value_and_grad = _jax_value_and_grad(_wrap_jax(jm, checkpoint), jax_loss, graphdef, argnums)
             j_out, grads, state = value_and_grad(state, *jxs)
             nnx.update(jm, state)  # the BatchNorm statistics of the train-mode step
             # outputs

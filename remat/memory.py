@@ -239,7 +239,6 @@ def saved_residuals(fn: Callable, *args: Any, **kwargs: Any) -> ResidualReport:
 def _saved_residuals_structured(fn: Callable, args: tuple, kwargs: dict) -> list[Residual]:
     # Mirrors jax._src.ad_checkpoint.saved_residuals/_saved_residuals, keeping the
     # pieces (equation, primitive, frame) that its strings flatten away.
-    from jax._src import ad_checkpoint as adc
     from jax._src import api_util, core, source_info_util
     from jax._src.lax import lax as lax_internal
 

@@ -371,8 +371,8 @@ def plan(
         for k in _sequential_segment_counts(survey.sequential_lengths):
             pool.append(evaluate(f"sequential: {k} segments", (), sequential=k))
     for rest in (NONE, "dots"):
-        prefix = _smallest_prefix(lambda k: evaluate(f"first {k}: nothing, rest {rest}",
-                                                      ("nothing",) * k + (rest,) * (n - k)), n, limit)
+        prefix = _smallest_prefix(lambda k, rest=rest: evaluate(f"first {k}: nothing, rest {rest}",
+                                                                ("nothing",) * k + (rest,) * (n - k)), n, limit)
         if prefix is not None:
             pool.append(prefix)
 

@@ -37,11 +37,10 @@ import enum
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Union
 
-import jax
 from jax import checkpoint_policies as _jcp
+from jax._src.ad_checkpoint import name_p as _name_p
 from jax.ad_checkpoint import Recompute
 from jax.extend.core import Primitive
-from jax._src.ad_checkpoint import name_p as _name_p
 
 Policy = Callable[..., Any]
 PolicySpec = Union[None, str, Sequence[str], Policy]

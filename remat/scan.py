@@ -72,10 +72,11 @@ from __future__ import annotations
 import contextvars
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import jax
 from jax import lax
+
 from remat._lowering import mark_region
 
 __all__ = [
@@ -90,6 +91,11 @@ __all__ = [
     "schedule_recomputes",
     "stack_nnx_layers",
 ]
+
+if TYPE_CHECKING:
+    # Built on first access by the module's __getattr__ (below), so that importing
+    # remat.scan does not import Flax Linen.
+    LinenScanLayers: type[Any]
 
 # A checkpoint schedule: an int n is a flat scan of n layers; a tuple runs its children
 # in sequence, each under its own jax.checkpoint (it keeps only its input).
@@ -124,7 +130,8 @@ def _fallback_resolve(policy: Any) -> Callable[..., Any] | None:
         return None
     if isinstance(policy, str):
         if policy not in named:
-            raise ValueError(f"unknown policy {policy!r}; use one of {', '.join(map(repr, named))}, a list of names or a callable")
+            raise ValueError(f"unknown policy {policy!r}; use one of {', '.join(map(repr, named))}, "
+                             "a list of names or a callable")
         return named[policy]
     if callable(policy):
         return policy
@@ -266,7 +273,7 @@ def _capacity(peak: int, levels: int) -> int:
 
 def _build(n: int, peak: int, levels: int) -> Schedule:
     """A schedule of ``n <= cap(peak, levels)`` layers within ``peak``: fewest levels, then fewest children."""
-    lv = next(l for l in range(levels + 1) if _capacity(peak, l) >= n)
+    lv = next(k for k in range(levels + 1) if _capacity(peak, k) >= n)
     if lv == 0:
         return n
     children: list[Schedule] = []

@@ -12,7 +12,6 @@ from flax import nnx
 from remat import _flax
 from remat._checkpoint import _run, normalize_options
 
-
 # A planner (remat.plan) may re-decide the segment count of every checkpoint_sequential
 # call while it is traced: it sets a function ``(num_functions, segments) -> segments``.
 _SEQUENTIAL_OVERRIDE: contextvars.ContextVar[Callable[[int, int], int] | None] = \

@@ -10,7 +10,6 @@ import textwrap
 
 import pytest
 
-import remat
 from remat import _allocator
 
 pytestmark = pytest.mark.skipif(_allocator._glibc() is None, reason="needs glibc")

@@ -110,7 +110,8 @@ def test_knapsack_equals_brute_force(items, capacity):
     picked, method = knapsack(weights, values, capacity)
     assert method == "exact"
     assert sum(weights[i] for i in picked) <= capacity
-    assert math.isclose(sum(values[i] for i in picked), _brute_force(weights, values, capacity), rel_tol=1e-9, abs_tol=1e-9)
+    assert math.isclose(sum(values[i] for i in picked), _brute_force(weights, values, capacity),
+                        rel_tol=1e-9, abs_tol=1e-9)
 
 
 def test_knapsack_twenty_candidates_exact():

@@ -29,13 +29,15 @@ def test_unknown_option_is_a_usage_error():
 
 
 def test_help_is_fast_and_does_not_import_jax():
-    code = "import sys; from remat.cli import build_parser; build_parser(); print('jax' in sys.modules, 'torch' in sys.modules)"
+    code = ("import sys; from remat.cli import build_parser; build_parser(); "
+            "print('jax' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 
 
 def test_import_remat_is_cheap():
-    code = "import sys, remat; print(sorted(m for m in ('jax', 'flax', 'torch', 'matplotlib', 'models') if m in sys.modules))"
+    code = ("import sys, remat; "
+            "print(sorted(m for m in ('jax', 'flax', 'torch', 'matplotlib', 'models') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

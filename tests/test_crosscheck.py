@@ -13,11 +13,16 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from models import MODELS, RematSettings, cnn, mlp, transformer  # noqa: E402
+from models import MODELS, mlp, transformer  # noqa: E402
 from remat.cli import main  # noqa: E402
 from remat.crosscheck import (  # noqa: E402
-    StateDictMismatchError, compare_gradients, load_torch_state, to_nnx_layout, to_torch_layout,
-    torch_checkpoint, torch_names,
+    StateDictMismatchError,
+    compare_gradients,
+    load_torch_state,
+    to_nnx_layout,
+    to_torch_layout,
+    torch_checkpoint,
+    torch_names,
 )
 
 

@@ -254,7 +254,8 @@ def test_compiled_bytes_order_nothing_dots_none_after_import_remat():
 def test_profile_cli_handles_batchnorm_models(capsys):
     from remat.cli import main
 
-    rc = main(["profile", "cnn", "--depth", "2", "--width", "4", "--steps", "1", "--policies", "none,nothing", "--json"])
+    rc = main(["profile", "cnn", "--depth", "2", "--width", "4", "--steps", "1", "--policies", "none,nothing",
+               "--json"])
     assert rc == 0, capsys.readouterr().err
     none, nothing = json.loads(capsys.readouterr().out)["results"]
     assert nothing["residual_bytes"] < none["residual_bytes"]
@@ -273,6 +274,7 @@ def test_profile_cli_json_and_errors(capsys, tmp_path):
     assert d["results"][1]["residual_bytes"] < d["results"][0]["residual_bytes"]
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert main(["profile", "resnet"]) == 2
-    assert "unknown model 'resnet'; use one of seed-model, seed-mymodel, mlp, transformer, cnn" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown model 'resnet'; use one of seed-model, seed-mymodel, mlp, transformer, cnn" in err
     assert main(["profile", "mlp", "--policies", "dots,often"]) == 2
     assert "often" in capsys.readouterr().err

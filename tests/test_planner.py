@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import remat
-from remat.planner import NONE, apply_policies, count_regions, plan
 from remat.memory import saved_residuals
+from remat.planner import NONE, apply_policies, count_regions, plan
 
 D, B, L = 32, 16, 4
 
@@ -38,7 +38,7 @@ def test_count_regions_and_apply_policies_change_what_is_kept():
 def test_apply_policies_keeps_gradients():
     g0 = jax.grad(lambda ws: loss(ws, X))(WS)
     for specs in (["nothing"] * L, [NONE] * L, ["dots", NONE, remat.policies.budget(0.5), "nothing"]):
-        g = jax.grad(lambda ws: apply_policies(loss, specs)(ws, X))(WS)
+        g = jax.grad(lambda ws, specs=specs: apply_policies(loss, specs)(ws, X))(WS)
         for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g0)):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
 

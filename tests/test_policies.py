@@ -5,8 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.ad_checkpoint import Offloadable, Recompute, Saveable
 from conftest import assert_clean_error, assert_trees_close, nonarg_residuals, residual_bytes
+from jax.ad_checkpoint import Offloadable, Recompute, Saveable
 
 import remat
 from remat import checkpoint, checkpoint_name, policies

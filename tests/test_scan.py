@@ -56,7 +56,7 @@ def stacked(depth, d=8, seed=0):
 def unrolled(params, x):
     depth = jax.tree.leaves(params)[0].shape[0]
     for i in range(depth):
-        x = layer(jax.tree.map(lambda a: a[i], params), x)
+        x = layer(jax.tree.map(lambda a, i=i: a[i], params), x)
     return x
 
 
@@ -88,7 +88,7 @@ def test_pytree_carry():
     out = scan_layers(two, params, (jnp.ones((2, 8)), jnp.zeros(())))
     ref = (jnp.ones((2, 8)), jnp.zeros(()))
     for i in range(3):
-        ref = two(jax.tree.map(lambda a: a[i], params), ref)
+        ref = two(jax.tree.map(lambda a, i=i: a[i], params), ref)
     assert_trees_close(out, ref)
 
 
@@ -138,7 +138,7 @@ def scan_temp(depth, policy="nothing", nested=False):
 def test_scan_checkpoint_far_below_unrolled_no_checkpoint():
     def loss(p, x):
         for i in range(8):
-            x = wide_layer(jax.tree.map(lambda a: a[i], p), x)
+            x = wide_layer(jax.tree.map(lambda a, i=i: a[i], p), x)
         return jnp.sum(x ** 2)
 
     unrolled_none = compiled_memory(loss, wide_params(8), WIDE_X).temp_bytes
@@ -201,7 +201,7 @@ def _nnx_unrolled(layers, x, depth):
 
     graphdef, state = nnx.split(layers)
     for i in range(depth):
-        x = nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state))(x)
+        x = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))(x)
     return x
 
 
@@ -283,7 +283,7 @@ def test_linen_gradients_equal_unrolled(policy, nesting):
     def ref_loss(layer_params, x):
         block = Block(8)
         for i in range(4):
-            x = block.apply({"params": jax.tree.map(lambda a: a[i], layer_params)}, x)
+            x = block.apply({"params": jax.tree.map(lambda a, i=i: a[i], layer_params)}, x)
         return jnp.sum(x ** 2)
 
     np.testing.assert_allclose(loss(variables["params"], x), ref_loss(flat_layers, x), rtol=1e-5)

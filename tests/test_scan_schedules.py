@@ -166,7 +166,7 @@ def test_schedule_under_vmap_and_pytree_carry():
     def ref(p, a):
         h = (a, jnp.zeros(()))
         for i in range(6):
-            h = two(jax.tree.map(lambda v: v[i], p), h)
+            h = two(jax.tree.map(lambda v, i=i: v[i], p), h)
         return jnp.sum(h[0]) + h[1]
 
     xs = jax.random.normal(jax.random.PRNGKey(4), (3, 2, 8))
@@ -310,7 +310,7 @@ def test_nnx_batch_stats_written_back_in_layer_order(segments):
         graphdef, state = nnx.split(m)
         new = []
         for i in range(depth):
-            layer_i = nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state))
+            layer_i = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
             x = layer_i(x)
             new.append(nnx.state(layer_i, nnx.BatchStat))
         nnx.update(m, jax.tree.map(lambda *a: jnp.stack(a), *new))

@@ -1,6 +1,8 @@
 """checkpoint_sequential: PyTorch's segmentation, every kind of layer list, PyTorch parity."""
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -109,7 +111,7 @@ def test_pytree_input_and_output_through_chain():
 def test_use_reentrant_and_options():
     for opts in ({"use_reentrant": True}, {"use_reentrant": False}, {"preserve_rng_state": False},
                  {"policy": "dots"}, {"determinism_check": "none"}):
-        f = lambda x: jnp.sum(checkpoint_sequential(LAYERS, 3, x, **opts))  # noqa: E731
+        f = lambda x, opts=opts: jnp.sum(checkpoint_sequential(LAYERS, 3, x, **opts))  # noqa: E731
         assert_trees_close(jax.grad(f)(X), jax.grad(plain_chain)(X))
         assert remat_count(f, X) == 2
 
@@ -146,7 +148,8 @@ def test_nnx_sequential(segments):
     f = lambda st: loss(nnx.merge(graphdef, st), X, segments)  # noqa: E731
     assert remat_count(f, state) == segments - 1
     if segments > 1:
-        assert len(nonarg_residuals(f, state)) < len(nonarg_residuals(lambda st: loss_plain(nnx.merge(graphdef, st), X), state))
+        plain = len(nonarg_residuals(lambda st: loss_plain(nnx.merge(graphdef, st), X), state))
+        assert len(nonarg_residuals(f, state)) < plain
 
 
 def test_nnx_sequential_with_dropout_and_batchnorm():
@@ -253,23 +256,32 @@ def test_segment_bounds_equal_pytorch_at_run_time(monkeypatch):
 
     for n in range(1, 8):
         for segments in range(1, n + 1):
-            calls: list[int] = []
-            chunks: list[list[int]] = []
-            real = tuc.checkpoint
-
-            def recording(fn, *a, **k):
-                start = len(calls)
-                out = real(fn, *a, **k)
-                chunks.append(list(range(start, len(calls))))
-                return out
-
-            monkeypatch.setattr(tuc, "checkpoint", recording)
-            fs = [(lambda i: (lambda x: calls.append(i) or x + 1))(i) for i in range(n)]
-            with torch.no_grad():
-                tuc.checkpoint_sequential(fs, segments, torch.zeros(1), use_reentrant=False)
-            monkeypatch.setattr(tuc, "checkpoint", real)
-            torch_bounds = [(c[0], c[-1] + 1) for c in chunks]
+            torch_bounds = _torch_segment_bounds(torch, tuc, monkeypatch, n, segments)
             assert segment_bounds(n, segments) == torch_bounds, (n, segments)
+
+
+def _torch_segment_bounds(torch, tuc, monkeypatch, n, segments):
+    """The ``(start, stop)`` of each segment torch's checkpoint_sequential checkpoints, seen at run time."""
+    calls: list[int] = []
+    chunks: list[list[int]] = []
+    real = tuc.checkpoint
+
+    def recording(fn, *a, **k):
+        start = len(calls)
+        out = real(fn, *a, **k)
+        chunks.append(list(range(start, len(calls))))
+        return out
+
+    def layer(i, x):
+        calls.append(i)
+        return x + 1
+
+    monkeypatch.setattr(tuc, "checkpoint", recording)
+    fs = [functools.partial(layer, i) for i in range(n)]
+    with torch.no_grad():
+        tuc.checkpoint_sequential(fs, segments, torch.zeros(1), use_reentrant=False)
+    monkeypatch.setattr(tuc, "checkpoint", real)
+    return [(c[0], c[-1] + 1) for c in chunks]
 
 
 def _torch_model(torch, sizes, seed=0):

@@ -306,7 +306,8 @@ def builtin_task(name: str, args: argparse.Namespace) -> Task:
         cls = cnn.CNN
         make = image_batches(config.image_size, config.in_channels, config.num_classes, batch, args.seed)
         kind, loss = "images", _xent
-        data = f"synthetic {config.num_classes}-class {config.image_size}x{config.image_size}x{config.in_channels} images"
+        image_shape = f"{config.image_size}x{config.image_size}x{config.in_channels}"
+        data = f"synthetic {config.num_classes}-class {image_shape} images"
     else:  # pragma: no cover - a model added to the registry but not here
         raise UsageError(f"remat train does not know how to train {name!r} yet")
     model = init_model(cls, config, args.seed)
@@ -348,7 +349,8 @@ def factory_task(spec: str, args: argparse.Namespace) -> Task:
     try:
         built, _ = call_factory(factory, seed=args.seed)
     except Exception as e:
-        raise UsageError(f"{spec}: the factory raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        first_line = str(e).splitlines()[0] if str(e) else ""
+        raise UsageError(f"{spec}: the factory raised {type(e).__name__}: {first_line}") from None
     if not (isinstance(built, tuple) and len(built) == 3 and isinstance(built[0], nnx.Module)):
         raise UsageError(f"{spec}: a factory must return (jax_model, torch_model, example_inputs) with an "
                          f"nnx.Module first, got {type(built).__name__}")
@@ -419,7 +421,8 @@ def make_dir(directory: str, what: str) -> None:
             f.write("ok")
         os.remove(probe)
     except OSError as e:
-        raise UsageError(f"{what} {directory!r} is not writable ({e.strerror or e}); choose another directory") from None
+        raise UsageError(f"{what} {directory!r} is not writable ({e.strerror or e}); "
+                         "choose another directory") from None
 
 
 def _quiet_absl() -> None:
@@ -456,7 +459,8 @@ class Saver:
         try:
             self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
         except Exception as e:
-            raise UsageError(f"--save-dir {directory!r} cannot be used ({_one_line(e)}); choose an empty directory") from None
+            raise UsageError(f"--save-dir {directory!r} cannot be used ({_one_line(e)}); "
+                             "choose an empty directory") from None
         self.saved: list[int] = []
 
     def steps(self) -> list[int]:
@@ -489,7 +493,8 @@ class Saver:
         previous = _ignore_late_reads()
         try:
             with _silent_absl():
-                state = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))).state
+                restore_args = ocp.args.Composite(state=ocp.args.StandardRestore(target))
+                state = self.manager.restore(step, args=restore_args).state
             sys.unraisablehook = previous
             return [state[k] for k in sorted(target)]
         except Exception as e:  # the hook stays: reads still in flight report after this
@@ -657,7 +662,8 @@ def _main(args: argparse.Namespace) -> int:
         if os.path.exists(args.save_dir) and not os.path.isdir(args.save_dir):
             raise UsageError(f"--save-dir {args.save_dir!r} is a file, not a directory; choose a directory")
         if args.resume and not os.path.isdir(args.save_dir):
-            raise UsageError(f"--resume: {args.save_dir!r} does not exist; run without --resume to start a new run there")
+            raise UsageError(f"--resume: {args.save_dir!r} does not exist; "
+                             "run without --resume to start a new run there")
         check_writable(args.save_dir, "--save-dir")
 
     devices = setup_devices(args.devices, args)

@@ -18,7 +18,8 @@ EXAMPLE = "remat plan transformer --budget 0.5 --depth 8"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", metavar="MODEL", help="mlp, transformer, cnn, seed-model, seed-mymodel or path/to/file.py:factory")
+    parser.add_argument("model", metavar="MODEL",
+                        help="mlp, transformer, cnn, seed-model, seed-mymodel or path/to/file.py:factory")
     parser.add_argument("--budget", type=float, required=True, metavar="F",
                         help="compiled temp memory allowed, as a fraction in (0, 1] of no checkpoint")
     parser.add_argument("--depth", type=int, default=None, help="number of blocks (built-in models)")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+
 from remat.cli._common import (
     EXIT_OK,
     UsageError,
@@ -18,14 +19,16 @@ DEFAULT_POLICIES = "none,nothing,dots,dots_no_batch,everything"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", metavar="MODEL", help="mlp, transformer, cnn, seed-model, seed-mymodel or path/to/file.py:factory")
+    parser.add_argument("model", metavar="MODEL",
+                        help="mlp, transformer, cnn, seed-model, seed-mymodel or path/to/file.py:factory")
     parser.add_argument("--depth", type=int, default=4, help="number of blocks (default 4)")
     parser.add_argument("--width", type=int, default=None, help="block width (default: the model's)")
     parser.add_argument("--batch-size", type=int, default=None, help="batch size (default: the model's)")
     parser.add_argument("--seq-len", type=int, default=None, help="transformer context length")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
-                        help=f"comma-separated policies to compare (default {DEFAULT_POLICIES}); 'none' = no checkpoint")
+                        help=f"comma-separated policies to compare (default {DEFAULT_POLICIES}); "
+                             "'none' = no checkpoint")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per policy, median reported (default 5)")
     parser.add_argument("--plot", metavar="FILE", default=None, help="also write a PNG of memory vs step time")
     add_keep_freed_memory_flag(parser)

@@ -27,12 +27,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "train_loss(outputs, *inputs) when the factory's file defines it, otherwise the mean of "
         "the squared outputs. The torch model is not used (it may be None)."
     )
-    parser.add_argument("model", metavar="MODEL", help="mlp, transformer, cnn, seed-model, seed-mymodel or path/to/file.py:factory")
+    parser.add_argument("model", metavar="MODEL",
+                        help="mlp, transformer, cnn, seed-model, seed-mymodel or path/to/file.py:factory")
     parser.add_argument("--steps", type=int, default=100, help="total optimizer steps (default 100)")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="global batch size, split across --devices (default 32; 16 for the transformer)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="optax optimizer (default adam)")
-    parser.add_argument("--lr", type=float, default=None, help="learning rate (default 0.1 for sgd, 3e-3 for adam/adamw)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="learning rate (default 0.1 for sgd, 3e-3 for adam/adamw)")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--policy", choices=POLICIES, default=None,
                        help="remat policy for every block: none = no checkpointing, nothing = save only the block "
@@ -55,7 +57,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="multi-process run: this process's index, 0 to P-1")
     parser.add_argument("--save-dir", default=None, metavar="DIR",
                         help="save params, optimizer state, step and loss history here (atomic; the last 2 kept)")
-    parser.add_argument("--every", type=int, default=10, metavar="K", help="save every K steps (default 10) and at the end")
+    parser.add_argument("--every", type=int, default=10, metavar="K",
+                        help="save every K steps (default 10) and at the end")
     parser.add_argument("--resume", action="store_true", help="continue from the last save in --save-dir")
     parser.add_argument("--plot", default=None, metavar="PNG", help="write the loss curve to this PNG file")
     parser.add_argument("--seed", type=int, default=0, help="seeds the initialisation and the data order (default 0)")
