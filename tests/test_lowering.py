@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax import lax
 
@@ -176,3 +177,41 @@ def test_conditional_inside_loops_and_cond():
             assert jnp.allclose(jax.jit(p_ck)(x), p_plain(x)), name
             continue
         assert jnp.allclose(jax.jit(jax.grad(p_ck))(x), jax.grad(p_plain)(x), atol=1e-6), name
+
+
+def test_flax_remat_inside_flax_scans_with_remat_lowering_installed():
+    """nnx.remat in nnx.scan and nn.remat in nn.scan, with and without prevent_cse: remat
+    changes nothing for them, also once its lowering is installed."""
+    import flax.linen as nn
+    from flax import nnx
+
+    remat.checkpoint(jnp.sin)(jnp.ones(2))  # installs remat's lowering
+    x = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
+
+    for cse in (True, False):
+        def nnx_loss(w, ck, cse=cse):
+            def body(c, xi):
+                f = (lambda h: jnp.tanh(h @ w)) if not ck else nnx.remat(lambda h: jnp.tanh(h @ w), prevent_cse=cse)
+                return c + f(xi).sum(), None
+            return nnx.scan(body)(0.0, x)[0]
+
+        w = jnp.eye(4) * 0.5
+        np.testing.assert_allclose(jax.jit(jax.grad(nnx_loss), static_argnums=1)(w, True),
+                                   jax.grad(nnx_loss)(w, False), rtol=1e-6)
+
+        class Cell(nn.Module):
+            @nn.compact
+            def __call__(self, c, xi):
+                return c + jnp.tanh(nn.Dense(4)(xi)), None
+
+        def linen_loss(params, cell):
+            scan = nn.scan(cell, variable_broadcast="params", split_rngs={"params": False})
+            return jnp.sum(scan().apply(params, jnp.zeros(4), x)[0] ** 2)
+
+        params = nn.scan(Cell, variable_broadcast="params", split_rngs={"params": False})().init(
+            jax.random.key(0), jnp.zeros(4), x)
+        ck = nn.remat(Cell, prevent_cse=cse)
+        got = jax.jit(jax.grad(linen_loss), static_argnums=1)(params, ck)
+        want = jax.grad(linen_loss)(params, Cell)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
