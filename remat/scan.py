@@ -105,40 +105,14 @@ Schedule = Union[int, tuple["Schedule", ...]]
 def resolve_policy_spec(policy: Any) -> Callable[..., Any] | None:
     """Turns a remat policy spelling into a JAX policy (None = save nothing).
 
-    Uses ``remat.policies.resolve_policy`` when available, so every spelling the rest
-    of remat accepts works here too; ``"none"`` is handled by the callers (it means
-    "do not checkpoint") and is rejected here.
+    Every spelling ``remat.policies.resolve_policy`` accepts works here too; ``"none"`` is
+    handled by the callers (it means "do not checkpoint") and is rejected here.
     """
+    from remat.policies import resolve_policy
+
     if isinstance(policy, str) and policy == "none":
         raise ValueError("policy 'none' means no checkpoint; handle it before resolving the policy")
-    try:
-        from remat.policies import resolve_policy
-    except ImportError:  # remat.policies not importable: accept the basic spellings
-        return _fallback_resolve(policy)
     return resolve_policy(policy)
-
-
-def _fallback_resolve(policy: Any) -> Callable[..., Any] | None:
-    cp = jax.checkpoint_policies
-    named = {
-        "nothing": None,
-        "everything": cp.everything_saveable,
-        "dots": cp.dots_saveable,
-        "dots_no_batch": cp.dots_with_no_batch_dims_saveable,
-    }
-    if policy is None:
-        return None
-    if isinstance(policy, str):
-        if policy not in named:
-            raise ValueError(f"unknown policy {policy!r}; use one of {', '.join(map(repr, named))}, "
-                             "a list of names or a callable")
-        return named[policy]
-    if callable(policy):
-        return policy
-    names = list(policy)
-    if not names or not all(isinstance(n, str) for n in names):
-        raise TypeError(f"policy={policy!r}: a sequence policy must be a non-empty list of checkpoint names")
-    return cp.save_only_these_names(*names)
 
 
 def _maybe_checkpoint(fn: Callable, policy: Any) -> Callable:

@@ -28,12 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:  # a subcommand not built yet is simply not offered
-            if e.name == module_name:
-                continue
-            raise
+        module = importlib.import_module(module_name)
         p = sub.add_parser(
             name,
             help=module.HELP,
