@@ -165,18 +165,17 @@ def test_nested_memory_grows_like_sqrt_depth():
     assert nested[16] < 0.75 * flat[16], (nested, flat)
 
 
-@pytest.mark.slow
-def test_nested_compile_time_flat_in_depth():
-    import time
-
-    def compile_s(depth):
+def test_nested_program_size_flat_in_depth():
+    """One compiled layer whatever the depth: the optimized HLO does not grow with it
+    (a structural stand-in for "compile time is flat in depth", which wall clocks measure
+    unreliably on a shared machine)."""
+    def hlo_instructions(depth):
         loss = lambda p, x: jnp.sum(scan_layers(wide_layer, p, x, nested=True) ** 2)  # noqa: E731
-        t = time.perf_counter()
-        jax.jit(jax.grad(loss)).lower(wide_params(depth), WIDE_X).compile()
-        return time.perf_counter() - t
+        text = jax.jit(jax.grad(loss)).lower(wide_params(depth), WIDE_X).compile().as_text()
+        return sum(1 for line in text.splitlines() if " = " in line)
 
-    compile_s(4)  # warm the tracing caches
-    assert compile_s(64) < 3 * compile_s(4) + 0.5
+    small, large = hlo_instructions(4), hlo_instructions(64)
+    assert large <= small + 10, (small, large)
 
 
 # ----------------------------------------------------------------------------- Flax NNX
