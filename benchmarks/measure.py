@@ -9,7 +9,7 @@ NNX model and its PyTorch twin, with identical weights), prepares every JAX vari
     included, in both frameworks:
 
     * JAX: the residuals of ``jax.vjp`` of the loss of the parameters (the outputs of
-      its jaxpr that the backward closes over, as :func:`remat.memory.saved_residuals`
+      its jaxpr that the backward closes over, as :func:`remat.analysis.saved_residuals`
       lists them), all of them as ``residual_total_bytes``; ``saved_bytes`` counts those
       that depend on the batch, found by a dependency pass over that jaxpr. Left out (as
       ``saved_param_bytes``): parameters and values computed from parameters and
@@ -70,7 +70,7 @@ import remat
 
 JAX_VARIANTS: tuple[str, ...] = (
     "none", "nothing", "dots", "dots_no_batch", "names", "scan", "scan_nested", "sequential",
-    "budget_0.25", "budget_0.5", "budget_0.75",  # remat.policies.budget(F) on every block
+    "budget_0.25", "budget_0.5", "budget_0.75",  # remat.residual_budget(F) on every block
 )
 TORCH_VARIANTS: tuple[str, ...] = ("none", "nothing", "sequential")
 MODELS: tuple[str, ...] = ("mlp", "transformer")
@@ -150,8 +150,8 @@ def segments_for(depth: int) -> int:
 # --------------------------------------------------------------------------------------
 
 
-from remat.memory import current_rss_bytes as current_rss  # noqa: E402
-from remat.memory import proc_status_bytes as _status_bytes  # noqa: E402
+from remat.analysis import current_rss_bytes as current_rss  # noqa: E402
+from remat.analysis import proc_status_bytes as _status_bytes  # noqa: E402
 
 
 def _reset_hwm() -> bool:
@@ -252,13 +252,13 @@ def step_peak_rss(step: Callable[[], Any], before: Callable[[], Any] | None = No
 
 
 def _model_module(model: str) -> Any:
-    from models import mlp, transformer
+    from remat.models import mlp, transformer
 
     return {"mlp": mlp, "transformer": transformer}[model]
 
 
 def model_config(model: str, depth: int, sizes: Sizes) -> Any:
-    from models import RematSettings
+    from remat.models import RematSettings
 
     mod = _model_module(model)
     cls = mod.TransformerConfig if model == "transformer" else mod.MLPConfig
@@ -332,7 +332,7 @@ def jax_loss(built: Built, variant: str) -> tuple[Callable, Any]:
     import jax.numpy as jnp
     from flax import nnx
 
-    from models.mlp import jax_activation  # the model's own (remat.ops) activations
+    from remat.models.mlp import jax_activation  # the model's own (remat.ops) activations
     from remat.scan import scan_layers
 
     if variant not in JAX_VARIANTS:
@@ -375,7 +375,7 @@ def jax_loss(built: Built, variant: str) -> tuple[Callable, Any]:
         if variant == "sequential":
             return remat.checkpoint_sequential(modules, segments_for(depth), h)
         if variant.startswith("budget_"):
-            policy = remat.policies.budget(float(variant.removeprefix("budget_")))
+            policy = remat.residual_budget(float(variant.removeprefix("budget_")))
         else:
             policy = list(NAMES_POLICY[model]) if variant == "names" else _POLICY[variant]
         for m in modules:
@@ -466,7 +466,7 @@ def jax_saved_bytes(loss: Callable, params: Any, x: Any, y: Any) -> dict[str, in
 
 
 def jax_temp_bytes(program: JaxProgram) -> int:
-    from remat.memory import CompiledMemory
+    from remat.analysis import CompiledMemory
 
     return CompiledMemory.from_compiled(program.compiled).temp_bytes
 

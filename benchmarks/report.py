@@ -153,7 +153,7 @@ def markdown(rows: list[dict], meta: dict[str, Any]) -> str:
         "How each figure is measured:",
         "",
         "* **saved**: what the backward pass keeps, *parameters excluded*, inputs and targets "
-        "included. JAX: `remat.memory.saved_residuals` of the loss of the parameters, minus "
+        "included. JAX: `remat.analysis.saved_residuals` of the loss of the parameters, minus "
         "the residuals that are parameters or computed from them alone. PyTorch: tensors "
         "packed by `torch.autograd.graph.saved_tensors_hooks` during the forward (including "
         "what `torch.utils.checkpoint` saves for its recomputation), deduplicated by storage, "

@@ -10,7 +10,7 @@ twin's weights into the NNX model so that both start identical.
 :func:`load_factory` loads a user's ``path/to/file.py:factory``.
 
 Example:
-  >>> from models import MODELS
+  >>> from remat.models import MODELS
   >>> entry = MODELS["mlp"]
   >>> jm, tm, inputs = entry.build()  # doctest: +SKIP
 """
@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from models import cnn, mlp, seed, transformer
-from models._settings import NAMES, RematSettings
+from remat.models import cnn, mlp, seed, transformer
+from remat.models._settings import NAMES, RematSettings
 
 Factory = Callable[..., tuple[Any, Any, tuple]]
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 import remat
-from remat.policies import NAMED_POLICIES, Budget
+from remat.analysis.budget import Budget
+from remat.policies import NAMED_POLICIES
 
 BlocksSpec = Union[str, Iterable[int]]
 
@@ -66,7 +67,7 @@ class RematSettings:
         elif policy is not None:
             if callable(policy):
                 raise TypeError("RematSettings(policy=...) takes a name, a list of names or "
-                                "remat.policies.budget(F), not an arbitrary callable")
+                                "remat.residual_budget(F), not an arbitrary callable")
             object.__setattr__(self, "policy", tuple(policy))
 
     @classmethod

@@ -17,7 +17,7 @@ the *unbiased* batch variance ``var * n / (n - 1)`` in the running-variance upda
 all three).
 
 Example:
-  >>> from models import cnn
+  >>> from remat.models import cnn
   >>> jm, tm, (x,) = cnn.build(cnn.CNNConfig())  # doctest: +SKIP
 """
 from __future__ import annotations
@@ -32,9 +32,9 @@ import numpy as np
 from flax import nnx
 
 import remat
-from models._settings import RematSettings, jax_block, torch_block
-from models._twin import build_pair
 from remat import ops
+from remat.models._settings import RematSettings, jax_block, torch_block
+from remat.models._twin import build_pair
 
 CHECKPOINT_NAMES = ("conv_out",)
 BN_EPS = 1e-5

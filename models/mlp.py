@@ -6,7 +6,7 @@
 Each block tags its pre-activation ``"mlp_hidden"``.
 
 Example:
-  >>> from models import mlp
+  >>> from remat.models import mlp
   >>> jm, tm, (x,) = mlp.build(mlp.MLPConfig(depth=2, width=16))  # doctest: +SKIP
 """
 from __future__ import annotations
@@ -20,9 +20,9 @@ import numpy as np
 from flax import nnx
 
 import remat
-from models._settings import RematSettings, jax_block, torch_block
-from models._twin import build_pair
 from remat import ops
+from remat.models._settings import RematSettings, jax_block, torch_block
+from remat.models._twin import build_pair
 
 #: Names this model tags with ``remat.checkpoint_name`` (the ``"names"`` policy saves them).
 CHECKPOINT_NAMES = ("mlp_hidden",)

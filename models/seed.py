@@ -9,7 +9,7 @@ function; the twin uses ``torch.utils.checkpoint.checkpoint(self.activation, y,
 use_reentrant=False)``. The sizes default to the seed's 1000 and are configurable.
 
 Example:
-  >>> from models import seed
+  >>> from remat.models import seed
   >>> jax_model, torch_model, (x,) = seed.build(seed.ModelConfig(), seed=0)  # doctest: +SKIP
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from models._settings import RematSettings, jax_block, torch_block
-from models._twin import build_pair
+from remat.models._settings import RematSettings, jax_block, torch_block
+from remat.models._twin import build_pair
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ The block stack is the list ``model.blocks``: ``remat.checkpoint_sequential(mode
 k, x)`` runs it on embedded inputs ``x`` of shape ``(batch, seq, width)``.
 
 Example:
-  >>> from models import transformer
+  >>> from remat.models import transformer
   >>> jm, tm, (ids,) = transformer.build(transformer.TransformerConfig())  # doctest: +SKIP
 """
 from __future__ import annotations
@@ -29,9 +29,9 @@ import numpy as np
 from flax import nnx
 
 import remat
-from models._settings import RematSettings, jax_block, torch_block
-from models._twin import build_pair
 from remat import ops
+from remat.models._settings import RematSettings, jax_block, torch_block
+from remat.models._twin import build_pair
 
 CHECKPOINT_NAMES = ("attn_out", "mlp_hidden")
 LN_EPS = 1e-5  # torch.nn.LayerNorm's default (Flax's is 1e-6)

@@ -7,6 +7,8 @@ The public surface::
     remat.checkpoint_name(x, "name")                 # tag a value for name-based policies
     remat.policies                                   # named and composable policies
     remat.ops                                        # LayerNorm, GELU, ... keeping PyTorch's saved set
+    remat.residual_budget(0.5)                       # per region: keep at most half its residual bytes
+    remat.analysis                                   # residuals, compiled memory, RSS, comparisons
     remat.plan(loss, *args, budget=0.5)              # the fastest checkpointing that fits a budget
     remat.keep_freed_memory()                        # glibc keeps XLA:CPU's freed buffers for reuse
 
@@ -23,23 +25,25 @@ __version__ = "0.1.0"
 
 # public name -> (module, attribute); attribute None means the module itself
 _EXPORTS: dict[str, tuple[str, str | None]] = {
-    "checkpoint": ("remat._checkpoint", "checkpoint"),
-    "checkpoint_sequential": ("remat.sequential", "checkpoint_sequential"),
+    "checkpoint": ("remat._core.checkpoint", "checkpoint"),
+    "checkpoint_sequential": ("remat._core.sequential", "checkpoint_sequential"),
     "checkpoint_name": ("jax.ad_checkpoint", "checkpoint_name"),
     "CheckpointPolicy": ("remat.policies", "CheckpointPolicy"),
     "policies": ("remat.policies", None),
+    "analysis": ("remat.analysis", None),
     "memory": ("remat.memory", None),
     "scan": ("remat.scan", None),
     "ops": ("remat.ops", None),
-    "saved_residuals": ("remat.memory", "saved_residuals"),
-    "compiled_memory": ("remat.memory", "compiled_memory"),
-    "compare_policies": ("remat.memory", "compare_policies"),
-    "peak_rss_bytes": ("remat.memory", "peak_rss_bytes"),
+    "saved_residuals": ("remat.analysis", "saved_residuals"),
+    "compiled_memory": ("remat.analysis", "compiled_memory"),
+    "compare_policies": ("remat.analysis", "compare_policies"),
+    "peak_rss_bytes": ("remat.analysis", "peak_rss_bytes"),
     "scan_layers": ("remat.scan", "scan_layers"),
     "stack_nnx_layers": ("remat.scan", "stack_nnx_layers"),
     "scan_nnx_layers": ("remat.scan", "scan_nnx_layers"),
     "plan": ("remat.planner", "plan"),
-    "keep_freed_memory": ("remat._allocator", "keep_freed_memory"),
+    "keep_freed_memory": ("remat.analysis.allocator", "keep_freed_memory"),
+    "residual_budget": ("remat.analysis.budget", "budget"),
 }
 
 __all__ = sorted(_EXPORTS)
@@ -49,22 +53,24 @@ if TYPE_CHECKING:
     # (``__all__`` is computed, so they cannot read it); at run time __getattr__ loads them.
     from jax.ad_checkpoint import checkpoint_name as checkpoint_name
 
+    from remat import analysis as analysis
     from remat import memory as memory
     from remat import ops as ops
     from remat import policies as policies
     from remat import scan as scan
-    from remat._allocator import keep_freed_memory as keep_freed_memory
-    from remat._checkpoint import checkpoint as checkpoint
-    from remat.memory import compare_policies as compare_policies
-    from remat.memory import compiled_memory as compiled_memory
-    from remat.memory import peak_rss_bytes as peak_rss_bytes
-    from remat.memory import saved_residuals as saved_residuals
+    from remat._core.checkpoint import checkpoint as checkpoint
+    from remat._core.sequential import checkpoint_sequential as checkpoint_sequential
+    from remat.analysis import compare_policies as compare_policies
+    from remat.analysis import compiled_memory as compiled_memory
+    from remat.analysis import peak_rss_bytes as peak_rss_bytes
+    from remat.analysis import saved_residuals as saved_residuals
+    from remat.analysis.allocator import keep_freed_memory as keep_freed_memory
+    from remat.analysis.budget import budget as residual_budget  # noqa: F401  (exported lazily)
     from remat.planner import plan as plan
     from remat.policies import CheckpointPolicy as CheckpointPolicy
     from remat.scan import scan_layers as scan_layers
     from remat.scan import scan_nnx_layers as scan_nnx_layers
     from remat.scan import stack_nnx_layers as stack_nnx_layers
-    from remat.sequential import checkpoint_sequential as checkpoint_sequential
 
 
 def __getattr__(name: str) -> Any:

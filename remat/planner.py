@@ -7,7 +7,7 @@ dispatch): checkpoint it or not, and with which policy. Candidate plans:
 
 * every fixed named policy on every region (``"nothing"``, ``"dots_no_batch"``,
   ``"dots"``, the user's own policies as written, and no checkpoint at all);
-* the memory-budget policy at several fractions (:mod:`remat.budget`);
+* the memory-budget policy at several fractions (:mod:`remat.analysis.budget`);
 * the values the step tags with ``checkpoint_name``: all names kept, and each alone;
 * which regions to checkpoint: the first ``k`` regions fully rematerialized and the rest
   kept, with ``k`` the smallest that fits (found by bisection; memory falls as ``k`` grows).
@@ -43,11 +43,11 @@ from typing import Any
 
 import jax
 
-from remat import _checkpoint
 from remat import scan as _scan
-from remat import sequential as _sequential
-from remat.budget import Budget, calibrate_once
-from remat.memory import names_in_jaxpr
+from remat._core import hooks
+from remat._core.checkpoint import CheckpointOptions
+from remat.analysis import names_in_jaxpr
+from remat.analysis.budget import Budget, calibrate_once, rates
 from remat.policies import PolicySpec, policy_name, resolve_policy
 
 NONE = "none"  # a region that is not checkpointed
@@ -141,7 +141,7 @@ def _region_policies(policies: Sequence[Any]) -> Iterator[list[int]]:
     """Makes the i-th checkpointed region traced in this context use ``policies[i]``."""
     seen = [0]
 
-    def override(opts: _checkpoint.CheckpointOptions) -> _checkpoint.CheckpointOptions | None:
+    def override(opts: CheckpointOptions) -> CheckpointOptions | None:
         i = seen[0]
         seen[0] += 1
         spec = policies[i] if i < len(policies) else AS_WRITTEN
@@ -151,11 +151,8 @@ def _region_policies(policies: Sequence[Any]) -> Iterator[list[int]]:
             return None
         return dataclasses.replace(opts, policy=resolve_policy(spec), policy_label=policy_name(spec))
 
-    token = _checkpoint._REGION_OVERRIDE.set(override)
-    try:
+    with hooks.deciding(region=override):
         yield seen
-    finally:
-        _checkpoint._REGION_OVERRIDE.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,11 +183,8 @@ def _scan_choice(choice: tuple[Any, Any] | None) -> Iterator[list[int]]:
             new_groups = None if isinstance(schedule, int) else schedule
         return (policy if new_policy == AS_WRITTEN else new_policy), new_groups
 
-    token = _scan._SCAN_OVERRIDE.set(override)
-    try:
+    with hooks.deciding(scan=override):
         yield depths
-    finally:
-        _scan._SCAN_OVERRIDE.reset(token)
 
 
 @contextlib.contextmanager
@@ -202,11 +196,8 @@ def _sequential_choice(segments: int | None) -> Iterator[list[int]]:
         lengths.append(num_functions)
         return as_written if segments is None else min(segments, num_functions)
 
-    token = _sequential._SEQUENTIAL_OVERRIDE.set(override)
-    try:
+    with hooks.deciding(sequential=override):
         yield lengths
-    finally:
-        _sequential._SEQUENTIAL_OVERRIDE.reset(token)
 
 
 def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
@@ -296,7 +287,7 @@ def plan(
         (0, 1] of the same step without any checkpoint.
       argnums: what the gradient is taken with respect to.
       policies: fixed policies tried on every region.
-      budget_fractions: fractions of :func:`remat.policies.budget` tried on every region.
+      budget_fractions: fractions of :func:`remat.residual_budget` tried on every region.
       repeat: timed steps per fitting candidate (the median is used).
       measure: time the fitting candidates (otherwise choose by predicted time; XLA's cost
         analysis counts a loop body once, so predictions of scan candidates are far too low).
@@ -407,14 +398,13 @@ def _smallest_prefix(evaluate: Callable[[int], Candidate], n: int, limit: int) -
 
 
 def _predicted_ms(compiled: Any) -> float:
-    """Step time from XLA's cost analysis at the rates of :func:`remat.budget.calibrate`."""
-    from remat.budget import _RATES
-
+    """Step time from XLA's cost analysis at the rates of :func:`remat.analysis.budget.calibrate`."""
+    rate = rates()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     flops = float(cost.get("flops", 0.0)) if cost else 0.0
     moved = float(cost.get("bytes accessed", 0.0)) if cost else 0.0
-    return 1e3 * (flops / _RATES["flops_per_s"] + moved / _RATES["bytes_per_s"])
+    return 1e3 * (flops / rate["flops_per_s"] + moved / rate["bytes_per_s"])
 
 
 _HLO_METADATA_SECTIONS = {"FileNames", "FunctionNames", "FileLocations", "StackFrames"}

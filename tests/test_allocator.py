@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from remat import _allocator
+from remat.analysis import allocator as _allocator
 
 pytestmark = pytest.mark.skipif(_allocator._glibc() is None, reason="needs glibc")
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import remat
-from remat.budget import Budget, knapsack
-from remat.memory import saved_residuals
+from remat.analysis import saved_residuals
+from remat.analysis.budget import Budget, knapsack
 
 
 def block(w, x):
@@ -30,7 +30,7 @@ def kept_bytes(policy):
 
 @pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5, 0.75, 1.0])
 def test_budget_keeps_at_most_the_fraction_and_gradients_are_exact(fraction):
-    p = remat.policies.budget(fraction)
+    p = remat.residual_budget(fraction)
     full = kept_bytes("everything")
     assert kept_bytes(p) <= fraction * full
     choice = p.last_choice
@@ -41,17 +41,17 @@ def test_budget_keeps_at_most_the_fraction_and_gradients_are_exact(fraction):
 
 
 def test_zero_is_nothing_and_one_is_everything():
-    assert kept_bytes(remat.policies.budget(0.0)) == kept_bytes("nothing")
-    assert kept_bytes(remat.policies.budget(1.0)) == kept_bytes("everything")
+    assert kept_bytes(remat.residual_budget(0.0)) == kept_bytes("nothing")
+    assert kept_bytes(remat.residual_budget(1.0)) == kept_bytes("everything")
 
 
 def test_budget_grows_what_it_keeps_with_the_fraction():
-    kept = [kept_bytes(remat.policies.budget(f)) for f in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    kept = [kept_bytes(remat.residual_budget(f)) for f in (0.0, 0.25, 0.5, 0.75, 1.0)]
     assert kept == sorted(kept) and kept[0] < kept[2] < kept[-1]
 
 
 def test_budget_prefers_matmuls_when_room_is_tight():
-    p = remat.policies.budget(0.3)
+    p = remat.residual_budget(0.3)
     kept_bytes(p)
     assert "dot_general" in {c.primitive for c in p.last_choice.kept}
     assert "dot_general" in str(p.last_choice) and "keep" in str(p.last_choice)
@@ -60,7 +60,7 @@ def test_budget_prefers_matmuls_when_room_is_tight():
 def test_budget_in_bytes_and_jit_and_nnx():
     from flax import nnx
 
-    p = remat.policies.budget(bytes=4096)
+    p = remat.residual_budget(bytes=4096)
     assert kept_bytes(p) <= 4096
     f = jax.jit(jax.grad(lambda w: remat.checkpoint(block, w, X, policy=p).sum()))
     np.testing.assert_allclose(f(W), jax.grad(lambda w: block(w, X).sum())(W), rtol=1e-6, atol=1e-6)
@@ -73,7 +73,7 @@ def test_budget_in_bytes_and_jit_and_nnx():
             return jnp.tanh(self.l2(jnp.tanh(self.l1(x))))
 
         def __call__(self, x):
-            return remat.checkpoint(self.body, x, policy=remat.policies.budget(0.5)) if self.ck else self.body(x)
+            return remat.checkpoint(self.body, x, policy=remat.residual_budget(0.5)) if self.ck else self.body(x)
 
     x = jnp.ones((4, 8))
     g1 = nnx.state(nnx.grad(lambda m: m(x).sum())(Net(True)))
@@ -85,7 +85,7 @@ def test_budget_in_bytes_and_jit_and_nnx():
 @pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), "half", True])
 def test_bad_fractions_are_value_errors(bad):
     with pytest.raises(ValueError, match="budget"):
-        remat.policies.budget(bad)
+        remat.residual_budget(bad)
 
 
 def test_budget_outside_remat_checkpoint_says_how_to_use_it():

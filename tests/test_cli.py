@@ -37,7 +37,7 @@ def test_help_is_fast_and_does_not_import_jax():
 
 def test_import_remat_is_cheap():
     code = ("import sys, remat; "
-            "print(sorted(m for m in ('jax', 'flax', 'torch', 'matplotlib', 'models') if m in sys.modules))")
+            "print(sorted(m for m in ('jax', 'flax', 'torch', 'matplotlib', 'remat.models') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

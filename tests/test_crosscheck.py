@@ -13,7 +13,6 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from models import MODELS, mlp, transformer  # noqa: E402
 from remat.cli import main  # noqa: E402
 from remat.crosscheck import (  # noqa: E402
     StateDictMismatchError,
@@ -24,6 +23,7 @@ from remat.crosscheck import (  # noqa: E402
     torch_checkpoint,
     torch_names,
 )
+from remat.models import MODELS, mlp, transformer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

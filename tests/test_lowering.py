@@ -1,4 +1,4 @@
-"""remat._lowering: remat's regions save memory on XLA:CPU, and nothing else changes.
+"""remat._core.lowering: remat's regions save memory on XLA:CPU, and nothing else changes.
 
 Scenarios about what ``import remat`` does to a process run in a fresh interpreter.
 """

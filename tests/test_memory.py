@@ -1,4 +1,4 @@
-"""remat.memory: residual reports, compiled buffer sizes, measured RSS, policy tables."""
+"""remat.analysis: residual reports, compiled buffer sizes, measured RSS, policy tables."""
 from __future__ import annotations
 
 import inspect
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from jax.ad_checkpoint import checkpoint_name
 
-from remat.memory import (
+from remat.analysis import (
     CompiledMemory,
     ResidualReport,
     compare_policies,
@@ -159,7 +159,7 @@ def test_peak_rss_in_process():
 
 
 def test_importing_memory_is_light():
-    code = "import sys, remat.memory; print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))"
+    code = "import sys, remat.analysis; print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
@@ -230,7 +230,7 @@ def test_compiled_bytes_order_nothing_dots_none_after_import_remat():
         import json
         import remat
         import jax, jax.numpy as jnp
-        from remat.memory import compare_policies
+        from remat.analysis import compare_policies
         from tests.test_memory import _mlp_factory, _mlp_params
         t = compare_policies(_mlp_factory, _mlp_params(4, d=128, hidden=512), jnp.ones((256, 128)),
                              policies=("none", "nothing", "dots", "everything"), steps=5, warmup=1)

@@ -16,8 +16,8 @@ import pytest
 from flax import nnx
 
 import remat
-from models import MODELS, RematSettings, cnn, load_factory, mlp, seed, transformer
-from models._settings import jax_block
+from remat.models import MODELS, RematSettings, cnn, load_factory, mlp, seed, transformer
+from remat.models._settings import jax_block
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch (pip install 'remat[torch]')")

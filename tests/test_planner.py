@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import remat
-from remat.memory import saved_residuals
+from remat.analysis import saved_residuals
 from remat.planner import NONE, apply_policies, count_regions, plan
 
 D, B, L = 32, 16, 4
@@ -37,7 +37,7 @@ def test_count_regions_and_apply_policies_change_what_is_kept():
 
 def test_apply_policies_keeps_gradients():
     g0 = jax.grad(lambda ws: loss(ws, X))(WS)
-    for specs in (["nothing"] * L, [NONE] * L, ["dots", NONE, remat.policies.budget(0.5), "nothing"]):
+    for specs in (["nothing"] * L, [NONE] * L, ["dots", NONE, remat.residual_budget(0.5), "nothing"]):
         g = jax.grad(lambda ws, specs=specs: apply_policies(loss, specs)(ws, X))(WS)
         for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g0)):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
@@ -55,7 +55,7 @@ def test_plan_fits_or_says_why_and_gradients_match():
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g0)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
     # the predictions use this machine's measured rates, not the built-in defaults
-    from remat import budget as budget_module
+    from remat.analysis import budget as budget_module
 
     assert budget_module._calibrated and budget_module._RATES["flops_per_s"] != 2.0e10
     assert all(c.predicted_ms > 0 for c in p.candidates)
@@ -111,7 +111,7 @@ def _scan_step():
 
 @pytest.mark.slow
 def test_plan_chooses_the_scan_policy_and_segment_length():
-    from remat.memory import compiled_memory
+    from remat.analysis import compiled_memory
     from remat.planner import scan_depths
 
     step, params, x = _scan_step()
@@ -147,7 +147,7 @@ def tagged_loss(ws, x):
 
 
 def test_plan_tries_the_checkpoint_names_the_step_tags():
-    from remat.memory import checkpoint_names
+    from remat.analysis import checkpoint_names
 
     assert checkpoint_names(tagged_loss, WS, X) == ["hidden", "out"]
     p = plan(tagged_loss, WS, X, budget=1.0, repeat=1, budget_fractions=())

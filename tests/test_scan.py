@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.ad_checkpoint import checkpoint_name
 
-from remat.memory import compiled_memory
+from remat.analysis import compiled_memory
 from remat.scan import (
     LinenScanLayers,
     best_segments,

@@ -21,7 +21,8 @@ from test_scan import (
 )
 
 from remat import scan as S
-from remat.memory import compiled_memory, saved_residuals
+from remat._core.hooks import deciding
+from remat.analysis import compiled_memory, saved_residuals
 from remat.scan import (
     LinenScanLayers,
     binomial_schedule,
@@ -194,19 +195,14 @@ def test_planner_override_may_return_a_schedule():
         return "dots", (5, 2, 1)
 
     loss = lambda p: jnp.sum(jnp.sin(scan_layers(layer, p, x, levels=1)))  # noqa: E731
-    token = S._SCAN_OVERRIDE.set(override)
-    try:
+    with deciding(scan=override):
         g = jax.grad(loss)(params)
-        assert seen == [(8, (4, 3, 1))]  # the caller's levels=1 schedule goes to the planner
-        S._SCAN_OVERRIDE.set(lambda d, p, gr: (p, (4, 3)))
-        with pytest.raises(ValueError) as e:
-            jax.grad(loss)(params)
-        assert_clean_error(e, "the planner's schedule (4, 3) covers 7 layers but params have depth 8")
-        S._SCAN_OVERRIDE.set(lambda d, p, gr: (p, 3))
-        with pytest.raises(ValueError, match="not divisible by segments=3"):
-            jax.grad(loss)(params)
-    finally:
-        S._SCAN_OVERRIDE.reset(token)
+    assert seen == [(8, (4, 3, 1))]  # the caller's levels=1 schedule goes to the planner
+    with deciding(scan=lambda d, p, gr: (p, (4, 3))), pytest.raises(ValueError) as e:
+        jax.grad(loss)(params)
+    assert_clean_error(e, "the planner's schedule (4, 3) covers 7 layers but params have depth 8")
+    with deciding(scan=lambda d, p, gr: (p, 3)), pytest.raises(ValueError, match="not divisible by segments=3"):
+        jax.grad(loss)(params)
     assert_trees_close(g, jax.grad(lambda p: jnp.sum(jnp.sin(unrolled(p, x))))(params))
 
 

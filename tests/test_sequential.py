@@ -12,7 +12,7 @@ from conftest import assert_clean_error, assert_trees_close, nonarg_residuals, r
 from flax import nnx
 
 from remat import checkpoint_sequential
-from remat.sequential import segment_bounds
+from remat._core.sequential import segment_bounds
 
 
 def torch_reference_bounds(n: int, segments: int) -> list[tuple[int, int]]:

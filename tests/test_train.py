@@ -196,12 +196,6 @@ def test_bad_input_is_one_line_exit_2(capsys, tmp_path, argv, fragments):
 
 
 def test_budget_trains_like_any_policy(capsys, mlp_run):
-    import remat.policies
-
-    if not hasattr(remat.policies, "budget"):
-        assert main(["train", "mlp", "--steps", "3", "--budget", "0.5", *TINY["mlp"]]) == 2
-        assert "remat.policies.budget" in capsys.readouterr().err
-        return
     d = train(capsys, "mlp", "--steps", "3", "--budget", "0.5", *TINY["mlp"])
     assert d["policy"] == "budget(0.5)"
     np.testing.assert_allclose(d["losses"], mlp_run["losses"][:3], rtol=1e-5)

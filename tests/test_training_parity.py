@@ -10,8 +10,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from models import MODELS  # noqa: E402
 from remat.crosscheck import OPTIMIZERS, compare_training, make_optimizers  # noqa: E402
+from remat.models import MODELS  # noqa: E402
 
 STEPS = 3
 

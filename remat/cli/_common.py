@@ -66,7 +66,7 @@ def add_keep_freed_memory_flag(parser: Any) -> None:
 
 def apply_keep_freed_memory_flag(args: Any) -> None:
     if getattr(args, "keep_freed_memory", False):
-        from remat._allocator import keep_freed_memory
+        from remat.analysis.allocator import keep_freed_memory
 
         if not keep_freed_memory():
             print("remat: --keep-freed-memory needs glibc; the C library here keeps its own behaviour",

@@ -58,6 +58,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.resources
 import json
 import logging
 import math
@@ -77,8 +78,7 @@ IMAGE_SEED = 20240602  # fixed: the CNN's class templates
 MAX_HOST_DEVICES = 256  # a sanity bound for --devices on CPU
 DISTRIBUTED_TIMEOUT_S = 120  # how long a process waits for the others to join
 DEFAULT_SEQ_LEN = 32
-CORPUS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                      "models", "data", "corpus.txt")
+CORPUS = "corpus.txt"  # in remat.models' data folder (see load_corpus)
 FORMAT_VERSION = 1
 DEFAULT_LR = {"sgd": 0.1, "adam": 3e-3, "adamw": 3e-3}
 
@@ -115,7 +115,7 @@ def setup_devices(n: int | None, args: Any = None) -> list[Any]:
     """
     import jax
 
-    from remat._runtime import jax_backend_started
+    from remat.analysis.process import jax_backend_started
 
     started = jax_backend_started()
     n_proc_asked = getattr(args, "num_processes", None) or 1
@@ -192,7 +192,7 @@ def regression_batches(in_dim: int, out_dim: int, batch: int, seed: int) -> Call
 
 
 def load_corpus() -> str:
-    with open(CORPUS, encoding="utf-8") as f:
+    with (importlib.resources.files("remat.models") / "data" / CORPUS).open(encoding="utf-8") as f:
         return f.read()
 
 
@@ -231,10 +231,10 @@ def image_batches(size: int, channels: int, classes: int, batch: int, seed: int)
 
 def remat_settings(args: argparse.Namespace) -> tuple[Any, str]:
     """``RematSettings`` from ``--policy`` / ``--budget``, and a label for reports."""
-    from models import RematSettings
+    from remat.models import RematSettings
 
     if args.budget is not None:
-        from remat.policies import budget
+        from remat.analysis.budget import budget
 
         try:
             settings = RematSettings(policy=budget(args.budget))
@@ -254,7 +254,7 @@ def _config_fields(config: Any) -> dict[str, Any]:
 
 
 def builtin_task(name: str, args: argparse.Namespace) -> Task:
-    from models import MODELS
+    from remat.models import MODELS
 
     entry = MODELS[name]
     settings, label = remat_settings(args)
@@ -286,7 +286,7 @@ def builtin_task(name: str, args: argparse.Namespace) -> Task:
     except (TypeError, ValueError) as e:
         raise UsageError(f"{name}: {e}") from None
 
-    from models import cnn, mlp, seed, transformer
+    from remat.models import cnn, mlp, seed, transformer
 
     if name == "mlp":
         cls = mlp.MLP
@@ -301,7 +301,7 @@ def builtin_task(name: str, args: argparse.Namespace) -> Task:
         cls = transformer.Transformer
         make, _ = char_batches(text, config.seq_len, batch, args.seed)
         kind, loss = "char-lm", _xent
-        data = f"{os.path.basename(CORPUS)}: {len(text)} characters, vocab {len(chars)}, windows of {config.seq_len}"
+        data = f"{CORPUS}: {len(text)} characters, vocab {len(chars)}, windows of {config.seq_len}"
     elif name == "cnn":
         cls = cnn.CNN
         make = image_batches(config.image_size, config.in_channels, config.num_classes, batch, args.seed)
@@ -336,7 +336,7 @@ def factory_task(spec: str, args: argparse.Namespace) -> Task:
     import jax.numpy as jnp
     from flax import nnx
 
-    from models import call_factory, load_factory
+    from remat.models import call_factory, load_factory
 
     for flag, value in (("--policy", args.policy), ("--budget", args.budget), ("--depth", args.depth),
                         ("--width", args.width), ("--seq-len", args.seq_len), ("--batch-size", args.batch_size)):
@@ -389,7 +389,7 @@ def factory_task(spec: str, args: argparse.Namespace) -> Task:
 
 
 def make_task(args: argparse.Namespace) -> Task:
-    from models import MODELS
+    from remat.models import MODELS
 
     if args.model in MODELS:
         return builtin_task(args.model, args)

@@ -63,7 +63,7 @@ def _is_factory_spec(model: str) -> bool:
 
 def _load(args: argparse.Namespace, settings: Any) -> tuple[Any, Any, tuple, Any, Any, str]:
     """``(jax_model, torch_model, inputs, targets, whole_model_checkpoint, remat_label)``."""
-    from models import MODELS, call_factory, load_factory
+    from remat.models import MODELS, call_factory, load_factory
 
     if not _is_factory_spec(args.model):
         if args.model not in MODELS:
@@ -108,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("remat crosscheck needs PyTorch: pip install 'remat[torch]'") from None
     if args.steps < 0:
         raise UsageError(f"--steps {args.steps}: use 0 (no training) or a positive number of steps")
-    from models import RematSettings
     from remat import crosscheck
+    from remat.models import RematSettings
 
     settings = RematSettings.none() if args.policy == "none" else RematSettings(_blocks(args.blocks), args.policy)
     jax_model, torch_model, inputs, targets, whole, label = _load(args, settings)

@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
     policies = _policies(args.policies)
     apply_keep_freed_memory_flag(args)  # before JAX starts its threads
 
+    from remat.analysis import compare_policies
     from remat.cli._training import make_task, pure_step_loss
-    from remat.memory import compare_policies
     from remat.planner import NONE, apply_policies, count_regions
 
     # every block is a checkpointed region; each policy is applied to all of them at trace time

@@ -41,7 +41,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                             "inputs (torch.utils.checkpoint), everything, dots, dots_no_batch, names = the values "
                             "the model tags (default: nothing)")
     group.add_argument("--budget", type=float, default=None, metavar="F",
-                       help="keep at most this fraction (0 < F <= 1) of the activations (remat.policies.budget)")
+                       help="keep at most this fraction (0 < F <= 1) of the activations (remat.residual_budget)")
     parser.add_argument("--depth", type=int, default=None, help="number of blocks (built-in models)")
     parser.add_argument("--width", type=int, default=None,
                         help="block width (mlp, transformer) or first conv's channels (cnn, doubled per block)")

@@ -25,7 +25,7 @@ Translation conventions:
   that appear in the checkpointed gradient but not in the plain one are exactly what
   the backward pass recomputes (``_recomputed``), and the regions the backward pass runs
   rematerialized are the ``remat`` equations with ``differentiated=True``.
-* Memory: ``remat.memory.saved_residuals`` lists what the backward pass keeps.
+* Memory: ``remat.analysis.saved_residuals`` lists what the backward pass keeps.
 * Where torch's contract and remat's documented one differ on purpose (README table
   "PyTorch <-> remat"), the test asserts remat's and says so.
 """
@@ -47,7 +47,7 @@ import pytest
 from flax import nnx
 
 import remat
-from remat.memory import saved_residuals
+from remat.analysis import saved_residuals
 from remat.policies import CheckpointPolicy, selective
 
 try:  # PyTorch is an optional extra: it only adds cross-checks and op objects

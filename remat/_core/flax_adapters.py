@@ -1,6 +1,6 @@
 """Flax adapters: NNX modules and methods through ``nnx.remat``, Linen through ``nn.checkpoint``.
 
-Options arrive validated (:class:`remat._checkpoint.CheckpointOptions`); nothing here
+Options arrive validated (:class:`remat._core.checkpoint.CheckpointOptions`); nothing here
 re-checks them. The lifted transforms carry module state and RNG streams into the
 region, which is why Dropout recomputes the very same mask on the backward pass.
 """
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 import flax.linen as nn
 from flax import nnx
 
-from remat._args import OutputStore, is_nnx_node, split_call
-from remat._lowering import mark_region
+from remat._core.arguments import OutputStore, is_nnx_node, split_call
+from remat._core.lowering import mark_region
 
 if TYPE_CHECKING:
-    from remat._checkpoint import CheckpointOptions
+    from remat._core.checkpoint import CheckpointOptions
 
 __all__ = ["is_nnx_node"]
 
@@ -274,7 +274,7 @@ def _follow(module: nn.Module, path: tuple[str, int | None]) -> nn.Module:
     return value if index is None else value[index]
 
 
-def linen_remat_class(cls: type[nn.Module], opts: CheckpointOptions) -> type[nn.Module]:
+def linen_remat_class(cls: type[nn.Module], opts: CheckpointOptions, run: Callable[..., Any]) -> type[nn.Module]:
     """``checkpoint(nn.Dense)``: a subclass whose ``__call__`` is one checkpointed region.
 
     Unlike ``nn.remat(cls)`` (whose class is named ``CheckpointDense``, so auto-named
@@ -282,8 +282,6 @@ def linen_remat_class(cls: type[nn.Module], opts: CheckpointOptions) -> type[nn.
     and so the parameter tree is unchanged; non-array call arguments pass through untraced.
     """
     import dataclasses
-
-    from remat._checkpoint import _run  # the one dispatch; imported late to avoid a cycle
 
     # static_argnums count self as position 0, as nn.remat's do; the bound __call__ does not
     if 0 in opts.static_argnums:
@@ -293,9 +291,10 @@ def linen_remat_class(cls: type[nn.Module], opts: CheckpointOptions) -> type[nn.
                                static_argnums=tuple(i - 1 for i in opts.static_argnums))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _run(cls.__call__.__get__(self), opts, args, kwargs)
+        return run(cls.__call__.__get__(self), opts, args, kwargs)
 
-    # _run sees a bound method of a Linen module and lifts it over the module's scope,
-    # applying the original (un-overridden) __call__ to the lifted copy.
+    # ``run`` (the one dispatch, remat._core.checkpoint._run) sees a bound method of a
+    # Linen module and lifts it over the module's scope, applying the original
+    # (un-overridden) __call__ to the lifted copy.
     return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
                                        "__qualname__": cls.__qualname__})

@@ -31,7 +31,7 @@ import ctypes.util
 import functools
 import warnings
 
-from remat._runtime import jax_backend_started
+from remat.analysis.process import jax_backend_started
 
 # mallopt parameter numbers, from glibc's <malloc.h>
 _M_TRIM_THRESHOLD = -1

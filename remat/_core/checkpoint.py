@@ -3,7 +3,7 @@
 One normalisation step (:func:`normalize_options`: policy spelling -> JAX policy, PyTorch
 keywords -> their JAX meaning, bad combinations rejected once) and one dispatch
 (:func:`_run`: plain callable, Flax NNX module or method, Linen bound module or method,
-Linen class). The adapters in :mod:`remat._flax` never re-validate options.
+Linen class). The adapters in :mod:`remat._core.flax_adapters` never re-validate options.
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from typing import Any, TypeVar, overload
 
 import jax
 
-from remat import _flax
-from remat._args import OutputStore, SplitCall, is_python_scalar, signature, split_call
-from remat._lowering import mark_region
-from remat.budget import Budget
+from remat._core import flax_adapters as _flax
+from remat._core.arguments import OutputStore, SplitCall, is_python_scalar, signature, split_call
+from remat._core.hooks import RegionChooser, current
+from remat._core.lowering import mark_region
 from remat.policies import PolicySpec, policy_name, resolve_policy
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -209,7 +209,7 @@ def checkpoint(
                 f"{function.__name__} is a Linen Module class: use "
                 f"checkpoint({function.__name__})(...) to build the rematerialized module"
             )
-        return _flax.linen_remat_class(function, opts)
+        return _flax.linen_remat_class(function, opts, _run)
     _check_callable(function)
     if not args and not kwargs:
         return _wrap(function, opts)
@@ -228,7 +228,7 @@ def _check_callable(function: Any) -> None:
 def _wrap(function: Callable[..., Any], opts: CheckpointOptions) -> Callable[..., Any]:
     """The decorator form: a function with ``function``'s signature that checkpoints each call."""
     if _flax.is_linen_class(function):
-        return _flax.linen_remat_class(function, opts)
+        return _flax.linen_remat_class(function, opts, _run)
     _check_callable(function)
 
     opts = dataclasses.replace(opts, trace_scalars=True)
@@ -239,11 +239,6 @@ def _wrap(function: Callable[..., Any], opts: CheckpointOptions) -> Callable[...
 
     return _flax.linen_method(checkpointed)
 
-
-# A planner (remat.plan) re-decides every region of a step while it is traced: it sets a
-# function ``opts -> opts`` (or ``-> None``: run the region without checkpoint) here.
-_REGION_OVERRIDE: contextvars.ContextVar[Callable[[CheckpointOptions], CheckpointOptions | None] | None] = \
-    contextvars.ContextVar("remat_region_override", default=None)
 
 # The signature of the inputs of the region being called, for its OutputStore.
 _CALL_SIGNATURE: contextvars.ContextVar[Any] = contextvars.ContextVar("remat_call_signature")
@@ -313,7 +308,7 @@ def _checkpointed(policy: Any, prevent_cse: bool | tuple[bool, ...], nnx_mode: s
     """The checkpointed caller of regions, one per option set, so that JAX caches traces.
 
     ``nnx_mode``: ``None`` without Flax NNX nodes; ``"in place"`` or ``"changed only"``
-    (see :func:`remat._flax.nnx_remat`) with them.
+    (see :func:`remat._core.flax_adapters.nnx_remat`) with them.
     """
     if nnx_mode is not None:
         return _flax.nnx_remat(_call_region, policy=policy, prevent_cse=prevent_cse,
@@ -324,9 +319,9 @@ def _checkpointed(policy: Any, prevent_cse: bool | tuple[bool, ...], nnx_mode: s
 
 def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwargs: dict) -> Any:
     """Evaluates ``function(*args, **kwargs)`` as one checkpointed region."""
-    override = _REGION_OVERRIDE.get()
-    if override is not None:
-        opts = override(opts)
+    decide = current().region  # a planner re-deciding this region (remat._core.hooks)
+    if decide is not None:
+        opts = decide(opts)
         if opts is None:
             return function(*args, **kwargs)
     if opts.static_argnums and max(opts.static_argnums) >= len(args):
@@ -346,7 +341,7 @@ def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwa
             )
     linen_module = _flax.linen_owner(function, args)
     if linen_module is not None:
-        if isinstance(opts.policy, Budget):
+        if isinstance(opts.policy, RegionChooser):
             raise TypeError(
                 "policy=budget(...) works for JAX functions and Flax NNX modules; for a Linen "
                 "module pick a named policy (remat plan shows which one fits your budget)"
@@ -375,8 +370,8 @@ def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwa
     token = _CALL_SIGNATURE.set(sig)
     try:
         policy = opts.policy
-        if isinstance(policy, Budget):  # a budget chooses per region, from the traced inputs
-            policy = policy.choose(remat_with, inputs).policy
+        if isinstance(policy, RegionChooser):  # e.g. a residual budget: per region, from the inputs
+            policy = policy.choose_policy(remat_with, inputs)
         if opts.debug:
             _print_debug_report(function, functools.partial(_call_region, region), remat_with(policy),
                                 inputs, opts)
@@ -418,12 +413,12 @@ def _count_scalar_variants(function: Any, call: SplitCall) -> None:
 
 def _print_debug_report(function, region, remat_region, inputs, opts: CheckpointOptions) -> None:
     """``debug=True``: what the backward pass keeps, and what is recomputed instead."""
-    from remat import memory  # the insight layer; imported only when asked for
+    from remat._core.residuals import saved_residuals
 
     name = getattr(function, "__qualname__", type(function).__name__)
     try:
-        kept = memory.saved_residuals(remat_region, *inputs)
-        plain = memory.saved_residuals(region, *inputs)
+        kept = saved_residuals(remat_region, *inputs)
+        plain = saved_residuals(region, *inputs)
         recomputed = plain.residual_bytes - kept.residual_bytes
         report = (
             f"remat.checkpoint(debug=True) {name}, policy={opts.policy_label}:\n"

@@ -69,7 +69,6 @@ Example:
 """
 from __future__ import annotations
 
-import contextvars
 import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Union
@@ -77,7 +76,9 @@ from typing import TYPE_CHECKING, Any, Union
 import jax
 from jax import lax
 
-from remat._lowering import mark_region
+from remat._core.hooks import current
+from remat._core.lowering import mark_region
+from remat.policies import resolve_policy
 
 __all__ = [
     "LinenScanLayers",
@@ -108,8 +109,6 @@ def resolve_policy_spec(policy: Any) -> Callable[..., Any] | None:
     Every spelling ``remat.policies.resolve_policy`` accepts works here too; ``"none"`` is
     handled by the callers (it means "do not checkpoint") and is rejected here.
     """
-    from remat.policies import resolve_policy
-
     if isinstance(policy, str) and policy == "none":
         raise ValueError("policy 'none' means no checkpoint; handle it before resolving the policy")
     return resolve_policy(policy)
@@ -392,13 +391,6 @@ def _run(depth: int, groups: int | Schedule | None, step: Callable, params: Any,
     return _run_schedule(groups, step, params, x, unroll)
 
 
-# A planner (remat.plan) may re-decide every scan while it is traced: it sets a function
-# ``(depth, policy, groups) -> (policy, groups)`` here; groups None: one flat scan, an
-# int k: k equal checkpointed groups, a tuple: a schedule (see schedule_peak).
-_SCAN_OVERRIDE: contextvars.ContextVar[Callable[[int, Any, Any], tuple[Any, Any]] | None] = \
-    contextvars.ContextVar("remat_scan_override", default=None)
-
-
 def _scan_plan(depth: int, policy: Any, segments: Any, nested: bool,
                levels: int | None = None) -> tuple[Any, int | Schedule | None]:
     """``(policy, groups)`` of one scan: as called, or as a planner re-decides it.
@@ -407,10 +399,10 @@ def _scan_plan(depth: int, policy: Any, segments: Any, nested: bool,
     validated against ``depth``.
     """
     groups = _groups(depth, segments, nested, levels)
-    override = _SCAN_OVERRIDE.get()
-    if override is None:
+    decide = current().scan  # a planner re-deciding this scan (remat._core.hooks)
+    if decide is None:
         return policy, groups
-    policy, groups = override(depth, policy, groups)
+    policy, groups = decide(depth, policy, groups)
     return policy, _check_groups(depth, groups, "the planner's schedule")
 
 

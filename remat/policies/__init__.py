@@ -314,8 +314,15 @@ __all__ = [
 ]
 
 
-# The memory-budget policy lives with its knapsack and cost model; it is a policy like
-# the others, so it is reachable here too.
-from remat.budget import Budget, budget  # noqa: E402
 
-__all__ += ["Budget", "budget"]
+def __getattr__(name: str) -> Any:
+    # Deprecated spellings: the residual budget lives in the analysis layer (its cost model
+    # and knapsack), which the core does not import; remat.residual_budget is the new name.
+    if name in ("budget", "Budget"):
+        import importlib
+        import warnings
+
+        warnings.warn(f"remat.policies.{name} is deprecated: use remat.residual_budget "
+                      f"(remat.analysis.budget.{name})", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module("remat.analysis.budget"), name)
+    raise AttributeError(f"module 'remat.policies' has no attribute {name!r}")

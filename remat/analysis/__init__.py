@@ -1,0 +1,58 @@
+"""What checkpointing really saves: residuals, compiled buffer sizes and measured RSS.
+
+Three views, from cheapest to most honest:
+
+* :func:`saved_residuals` traces ``jax.vjp`` and lists every value the backward pass
+  keeps, with its size, source line and checkpoint name. No compilation; exact for
+  the program JAX hands to XLA, but blind to what XLA's scheduler does with it.
+* :func:`compiled_memory` compiles ``jax.jit(jax.grad(fn))`` and reads XLA's buffer
+  assignment (``memory_analysis()``): the bytes the step will really allocate.
+  On XLA:CPU this is where the scheduler's choices show up.
+* :func:`peak_rss_bytes` runs a step in a fresh Python process and reads the kernel's
+  high-water mark of resident memory.
+
+:func:`compare_policies` puts residual bytes, compiled temp bytes and step time side by
+side for several checkpoint policies, and can plot them.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> from remat.analysis import saved_residuals, compiled_memory
+  >>> def loss(w, x):
+  ...     return jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w))
+  >>> w, x = jnp.ones((64, 64)), jnp.ones((8, 64))
+  >>> print(saved_residuals(loss, w, x))       # doctest: +SKIP
+  >>> compiled_memory(loss, w, x).temp_bytes   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from remat._core.residuals import (
+    Residual,
+    ResidualReport,
+    checkpoint_names,
+    format_bytes,
+    names_in_jaxpr,
+    saved_residuals,
+)
+from remat.analysis.compare import DEFAULT_POLICIES, PolicyComparison, PolicyResult, compare_policies, with_policy
+from remat.analysis.compiled import CompiledMemory, compiled_memory
+from remat.analysis.process import RSSMeasurement, current_rss_bytes, peak_rss_bytes, proc_status_bytes
+
+__all__ = [
+    "DEFAULT_POLICIES",
+    "CompiledMemory",
+    "PolicyComparison",
+    "PolicyResult",
+    "RSSMeasurement",
+    "Residual",
+    "ResidualReport",
+    "checkpoint_names",
+    "compare_policies",
+    "compiled_memory",
+    "current_rss_bytes",
+    "format_bytes",
+    "names_in_jaxpr",
+    "peak_rss_bytes",
+    "proc_status_bytes",
+    "saved_residuals",
+    "with_policy",
+]

@@ -1,0 +1,373 @@
+"""Activation memory budget: keep the values that are dearest to recompute, within a limit.
+
+``remat.residual_budget(0.5)`` is a policy like any other (``policy=`` of
+:func:`remat.checkpoint`, :func:`remat.checkpoint_sequential`): for each checkpointed
+region it keeps at most half of what the backward pass would keep from inside the
+region without checkpointing (the region's own inputs are always kept and not counted),
+and within that limit it keeps the values that are most expensive to recompute.
+``budget(0)`` behaves like ``"nothing"`` and ``budget(1)`` like ``"everything"``.
+
+How a region's choice is made (once per region structure and input shapes; regions of
+identical structure, such as the blocks of a transformer, share it):
+
+1. **Candidates.** The region is traced once with a recording policy that keeps
+   everything; every operation the policy is asked about is a candidate. Operations
+   that look alike to a policy (same primitive, input shapes and parameters) form one
+   candidate, since a JAX policy decides per operation, not per value.
+2. **Costs.** Each candidate's bytes are its output bytes; its recompute cost is
+   estimated from FLOPs for ``dot_general``/convolutions and from bytes moved for all
+   other (element-wise, reduction, data-movement) work, at rates that
+   :func:`calibrate` can measure on this machine.
+3. **Knapsack.** Maximise the recompute cost saved subject to the byte limit: exactly
+   (a Pareto-frontier dynamic programme) up to ``exact_limit`` candidates, greedily by
+   cost per byte beyond.
+4. **Check.** The choice is applied and the kept bytes are measured with
+   :func:`remat.analysis.saved_residuals`; candidates are dropped (cheapest per byte
+   first) until the measured bytes fit, then left-over room is filled greedily.
+
+References:
+  PyTorch's ``torch._functorch.config.activation_memory_budget`` (a 0–1 fraction,
+  solved as a knapsack over the values the backward pass could keep).
+  Chen et al., "Training Deep Nets with Sublinear Memory Cost", 2016.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from remat._core.hooks import RegionChooser
+from remat._core.residuals import format_bytes, saved_residuals
+
+# Recompute-cost rates (FLOP/s for matmul-like work, bytes/s for memory-bound work);
+# calibrate() replaces them with figures measured on this machine.
+_RATES = {"flops_per_s": 2.0e10, "bytes_per_s": 5.0e9}  # until calibrate() measures this machine
+_calibrated = False
+
+
+__all__ = ["Budget", "BudgetChoice", "Candidate", "budget", "calibrate", "calibrate_once", "knapsack", "op_cost",
+           "rates"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One kind of operation the policy may keep (all alike operations of a region)."""
+
+    key: tuple
+    primitive: str
+    count: int
+    nbytes: int  # output bytes of all `count` operations
+    cost_s: float  # estimated seconds to recompute all `count` operations
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"primitive": self.primitive, "count": self.count, "bytes": self.nbytes,
+                "recompute_cost_s": self.cost_s}
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetChoice:
+    """What a budget kept for one region, and why."""
+
+    limit_bytes: int
+    baseline_bytes: int  # kept from inside the region without checkpointing
+    kept_bytes: int  # measured, with the choice applied
+    kept: tuple[Candidate, ...]
+    dropped: tuple[Candidate, ...]
+    method: str  # "exact", "greedy", "nothing" or "everything"
+    policy: Callable[..., Any] | None = dataclasses.field(repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "limit_bytes": self.limit_bytes, "baseline_bytes": self.baseline_bytes,
+            "kept_bytes": self.kept_bytes, "method": self.method,
+            "kept": [c.to_dict() for c in self.kept], "dropped": [c.to_dict() for c in self.dropped],
+        }
+
+    def __str__(self) -> str:
+
+        lines = [
+            f"budget: keep at most {format_bytes(self.limit_bytes)} of "
+            f"{format_bytes(self.baseline_bytes)} (measured {format_bytes(self.kept_bytes)}, {self.method})",
+            f"  {'':4} {'operation':<24} {'count':>5} {'bytes':>10} {'recompute':>10}",
+        ]
+        for mark, group in (("keep", self.kept), ("drop", self.dropped)):
+            for c in sorted(group, key=lambda c: -c.cost_s):
+                lines.append(f"  {mark:4} {c.primitive:<24} {c.count:>5} {format_bytes(c.nbytes):>10} "
+                             f"{c.cost_s * 1e6:>8.1f}us")
+        return "\n".join(lines)
+
+
+class Budget(RegionChooser):
+    """``policy=budget(fraction)`` or ``policy=budget(bytes=N)``; see :func:`budget`."""
+
+    def __init__(self, fraction: float | None = None, *, bytes: int | None = None, exact_limit: int = 24):
+        if (fraction is None) == (bytes is None):
+            raise ValueError("budget() takes a fraction in [0, 1] or bytes=N, exactly one of them")
+        if fraction is not None:
+            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or math.isnan(fraction) \
+                    or not 0.0 <= fraction <= 1.0:
+                raise ValueError(f"budget fraction must be a number in [0, 1], got {fraction!r}")
+            fraction = float(fraction)
+        if bytes is not None and (isinstance(bytes, bool) or not isinstance(bytes, int) or bytes < 0):
+            raise ValueError(f"budget(bytes=...) must be a non-negative int, got {bytes!r}")
+        self.fraction = fraction
+        self.bytes = bytes
+        self.exact_limit = exact_limit
+        self.last_choice: BudgetChoice | None = None
+        self._cache: dict[tuple, BudgetChoice] = {}
+        self.__name__ = f"budget({fraction})" if fraction is not None else f"budget(bytes={bytes})"
+
+    def __repr__(self) -> str:
+        return self.__name__
+
+    def __call__(self, prim: Any, *avals: Any, **params: Any) -> bool:
+        raise TypeError(
+            f"{self.__name__} chooses per region and needs the region's inputs: use it as "
+            "policy= of remat.checkpoint or remat.checkpoint_sequential, not of jax.checkpoint"
+        )
+
+    def choose_policy(self, remat_with: Callable[[Any], Callable[..., Any]], inputs: Sequence[Any]) -> Any:
+        """The JAX policy for one region (:class:`remat._core.hooks.RegionChooser`)."""
+        return self.choose(remat_with, inputs).policy
+
+    def choose(self, remat_with: Callable[[Any], Callable[..., Any]], inputs: Sequence[Any]) -> BudgetChoice:
+        """Picks what to keep for one region.
+
+        Args:
+          remat_with: ``policy -> checkpointed region``; the region takes ``inputs``.
+          inputs: the region's traced inputs.
+
+        Returns:
+          A :class:`BudgetChoice` whose ``policy`` is a plain JAX policy.
+        """
+        calls: list[tuple[tuple, Any, tuple, dict]] = []
+
+        def recorder(prim, *avals, **params):
+            calls.append((_op_key(prim, avals, params), prim, avals, params))
+            return True
+
+        everything = saved_residuals(remat_with(recorder), *inputs).residual_bytes
+        limit = everything if self.fraction is not None and self.fraction >= 1.0 else (
+            int(self.fraction * everything) if self.fraction is not None else self.bytes)
+        cache_key = (tuple(c[0] for c in calls), _shapes(inputs), limit)
+        if cache_key in self._cache:
+            self.last_choice = self._cache[cache_key]
+            return self.last_choice
+        candidates = _candidates(calls)
+        if limit >= everything:
+            choice = BudgetChoice(limit, everything, everything, tuple(candidates), (), "everything", _everything)
+        else:
+            choice = self._solve(remat_with, inputs, candidates, limit, everything, saved_residuals)
+        self._cache[cache_key] = choice
+        self.last_choice = choice
+        return choice
+
+    def _solve(self, remat_with, inputs, candidates, limit, everything, saved_residuals) -> BudgetChoice:
+        def measure(chosen: list[Candidate]) -> int:
+            if not chosen:
+                return saved_residuals(remat_with(None), *inputs).residual_bytes
+            return saved_residuals(remat_with(_policy_for(chosen)), *inputs).residual_bytes
+
+        nothing = measure([])
+        room = max(limit - nothing, 0)  # e.g. values kept by nested checkpoints
+        weights = [c.nbytes for c in candidates]
+        values = [c.cost_s for c in candidates]
+        picked, method = knapsack(weights, values, room, exact_limit=self.exact_limit)
+        chosen = [candidates[i] for i in picked]
+        kept = measure(chosen)
+        while chosen and kept > limit:  # shared values make bytes less than additive: check
+            chosen.remove(min(chosen, key=lambda c: c.cost_s / max(c.nbytes, 1)))
+            kept = measure(chosen)
+        for c in sorted(set(candidates) - set(chosen), key=lambda c: -c.cost_s / max(c.nbytes, 1))[:8]:
+            if kept < limit:
+                trial = measure(chosen + [c])
+                if trial <= limit:
+                    chosen.append(c)
+                    kept = trial
+        method = method if chosen else "nothing"
+        dropped = tuple(c for c in candidates if c not in chosen)
+        return BudgetChoice(limit, everything, kept, tuple(chosen), dropped, method,
+                            _policy_for(chosen) if chosen else None)
+
+
+def budget(fraction: float | None = None, *, bytes: int | None = None) -> Budget:
+    """A policy that keeps the dearest-to-recompute values within a memory limit.
+
+    Args:
+      fraction: the most the backward pass may keep from inside each checkpointed region,
+        as a fraction of what it keeps there without checkpointing; 0 behaves like
+        ``"nothing"``, 1 like ``"everything"``.
+      bytes: the same limit as an absolute number of bytes per region.
+
+    Returns:
+      A :class:`Budget`, usable as ``policy=``; after a call its ``last_choice``
+      (a :class:`BudgetChoice`) says what was kept and dropped, with bytes and costs.
+
+    Raises:
+      ValueError: a fraction outside [0, 1] or NaN, a negative byte count, or both/neither.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, remat
+      >>> p = remat.residual_budget(0.5)
+      >>> f = lambda w, x: jnp.tanh(jnp.tanh(x @ w) @ w).sum()
+      >>> g = jax.grad(lambda w: remat.checkpoint(f, w, jnp.ones((4, 8)), policy=p))(jnp.eye(8))
+    """
+    return Budget(fraction, bytes=bytes)
+
+
+def knapsack(weights: Sequence[int], values: Sequence[float], capacity: int, *,
+             exact_limit: int = 24) -> tuple[list[int], str]:
+    """0/1 knapsack: indices maximising ``sum(values)`` with ``sum(weights) <= capacity``.
+
+    Exact (a dynamic programme over the Pareto frontier of (weight, value) pairs) for up
+    to ``exact_limit`` items while the frontier stays small; greedy by value per weight
+    beyond.
+
+    Returns:
+      ``(indices, method)`` with ``method`` ``"exact"`` or ``"greedy"``.
+    """
+    n = len(weights)
+    if n <= exact_limit:
+        frontier: list[tuple[int, float, tuple[int, ...]]] = [(0, 0.0, ())]
+        for i, (w, v) in enumerate(zip(weights, values)):
+            grown = [(fw + w, fv + v, items + (i,)) for fw, fv, items in frontier if fw + w <= capacity]
+            merged = sorted(frontier + grown, key=lambda t: (t[0], -t[1]))
+            frontier = []
+            for t in merged:  # keep only pairs that beat every lighter one
+                if not frontier or t[1] > frontier[-1][1]:
+                    frontier.append(t)
+            if len(frontier) > 200_000:
+                break
+        else:
+            best = max(frontier, key=lambda t: t[1])
+            return sorted(best[2]), "exact"
+    order = sorted(range(n), key=lambda i: -values[i] / max(weights[i], 1))
+    picked, total = [], 0
+    for i in order:
+        if total + weights[i] <= capacity:
+            picked.append(i)
+            total += weights[i]
+    return sorted(picked), "greedy"
+
+
+def calibrate(size: int = 512, repeat: int = 5) -> dict[str, float]:
+    """Measures this machine's matmul FLOP rate and memory-bound byte rate for the cost model."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.ones((size, size), jnp.float32)
+    v = jnp.ones((4 * size * size,), jnp.float32)
+    mm = jax.jit(lambda a: a @ a)
+    ew = jax.jit(lambda v: v * 1.5 + 1.0)
+
+    def best(fn, x):
+        fn(x).block_until_ready()
+        times = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            fn(x).block_until_ready()
+            times.append(time.perf_counter() - t)
+        return max(min(times), 1e-9)
+
+    global _calibrated
+    _RATES["flops_per_s"] = 2 * size**3 / best(mm, a)
+    _RATES["bytes_per_s"] = 2 * v.nbytes / best(ew, v)
+    _calibrated = True
+    return dict(_RATES)
+
+
+def rates() -> dict[str, float]:
+    """The cost model's rates in use: ``flops_per_s`` and ``bytes_per_s``."""
+    return dict(_RATES)
+
+
+def calibrate_once() -> dict[str, float]:
+    """:func:`calibrate` on first use in this process (about a second); the rates after."""
+    return calibrate() if not _calibrated else dict(_RATES)
+
+
+def op_cost(primitive: str, avals: Sequence[Any], params: dict, out_bytes: int) -> float:
+    """Estimated seconds to recompute one operation (the cost model of the knapsack)."""
+    in_bytes = sum(_nbytes(a) for a in avals)
+    seconds = (in_bytes + out_bytes) / _RATES["bytes_per_s"]
+    if primitive == "dot_general" and len(avals) >= 2:
+        (lhs_contract, _), _ = params["dimension_numbers"]
+        k = math.prod(avals[0].shape[d] for d in lhs_contract)
+        out_elems = out_bytes // max(np.dtype(avals[0].dtype).itemsize, 1)
+        seconds += 2 * out_elems * k / _RATES["flops_per_s"]
+    elif primitive == "conv_general_dilated" and len(avals) >= 2:
+        rhs = avals[1]
+        groups = params.get("feature_group_count", 1) or 1
+        out_elems = out_bytes // max(np.dtype(avals[0].dtype).itemsize, 1)
+        kernel_elems = math.prod(rhs.shape)
+        out_features = rhs.shape[params["dimension_numbers"].rhs_spec[0]] if params.get("dimension_numbers") else 1
+        seconds += 2 * out_elems * kernel_elems / max(out_features * groups, 1) * groups / _RATES["flops_per_s"]
+    return seconds
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+def _everything(prim: Any, *avals: Any, **params: Any) -> bool:
+    return True
+
+
+def _nbytes(aval: Any) -> int:
+    shape = getattr(aval, "shape", None)
+    if shape is None:
+        return 0
+    return math.prod(shape) * np.dtype(aval.dtype).itemsize
+
+
+def _shapes(inputs: Sequence[Any]) -> tuple:
+    import jax
+
+    return tuple((tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x).__name__)))
+                 for x in jax.tree.leaves(inputs))
+
+
+def _param_sig(value: Any) -> Any:
+    if isinstance(value, (int, float, str, bool, type(None))):
+        return value
+    if isinstance(value, (tuple, list)):
+        return tuple(_param_sig(v) for v in value)
+    text = type(value).__name__
+    return text if "jaxpr" in text.lower() else repr(value)[:200]
+
+
+def _op_key(prim: Any, avals: Sequence[Any], params: dict) -> tuple:
+    shapes = tuple((tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", ""))) for a in avals)
+    return (prim.name, shapes, tuple(sorted((k, _param_sig(v)) for k, v in params.items())))
+
+
+def _out_bytes(prim: Any, avals: Sequence[Any], params: dict) -> int:
+    try:
+        out = prim.abstract_eval(*avals, **params)
+        out = out[0] if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], (set, frozenset)) else out
+        outs = out if prim.multiple_results else [out]
+        return sum(_nbytes(o) for o in outs)
+    except Exception:  # an unusual primitive: its largest input is a fair stand-in
+        return max((_nbytes(a) for a in avals), default=0)
+
+
+def _candidates(calls: list[tuple[tuple, Any, tuple, dict]]) -> list[Candidate]:
+    groups: dict[tuple, list] = {}
+    for key, prim, avals, params in calls:
+        groups.setdefault(key, [prim, avals, params, 0])[3] += 1
+    out = []
+    for key, (prim, avals, params, count) in groups.items():
+        each = _out_bytes(prim, avals, params)
+        out.append(Candidate(key, prim.name, count, each * count, op_cost(prim.name, avals, params, each) * count))
+    return out
+
+
+def _policy_for(chosen: Sequence[Candidate]) -> Callable[..., bool]:
+    keys = frozenset(c.key for c in chosen)
+
+    def budget_choice(prim, *avals, **params):
+        return _op_key(prim, avals, params) in keys
+
+    return budget_choice

@@ -1,0 +1,185 @@
+"""The process: whether JAX's backend started, and resident memory (RSS), measured."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def jax_backend_started() -> bool:
+    """True once a JAX backend exists (the first computation made it); never imports JAX.
+
+    Settings read when a backend starts (host device counts, allocator arenas) can no
+    longer take effect after that.
+    """
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    if bridge is None:  # JAX not imported: no backend can exist
+        return False
+    try:
+        return bool(bridge.backends_are_initialized())
+    except AttributeError:  # an older JAX: its backend cache
+        return bool(getattr(bridge, "_backends", None))
+
+
+@dataclasses.dataclass(frozen=True)
+class RSSMeasurement:
+    """Resident memory of a step run in a fresh process.
+
+    Attributes:
+      step_peak_bytes: high-water mark of RSS while the timed steps ran.
+      baseline_bytes: RSS just before them (JAX imported, inputs on the device, program
+        compiled).
+      step_bytes: ``step_peak_bytes - baseline_bytes``: what running the step needs on
+        top of that (its temporaries and outputs). Compare this across policies.
+      process_peak_bytes: the process's lifetime peak, compilation included.
+      exact: False when the kernel did not let us reset the high-water mark, in which
+        case ``step_peak_bytes`` may include compilation.
+    """
+
+    step_peak_bytes: int
+    baseline_bytes: int
+    step_bytes: int
+    process_peak_bytes: int
+    exact: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def proc_status_bytes(field: str) -> int | None:
+    """A byte figure from ``/proc/self/status`` (``VmRSS``, ``VmHWM``, ...); None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def current_rss_bytes() -> int:
+    """This process's resident memory now (``/proc``, else psutil, else 0)."""
+    rss = proc_status_bytes("VmRSS")
+    if rss is not None:
+        return rss
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except ImportError:  # pragma: no cover
+        return 0
+
+
+def _lifetime_peak() -> int:
+    import resource
+
+    # ru_maxrss is KiB on Linux, bytes on macOS.
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def _reset_peak() -> bool:
+    # Linux >= 4.0: writing 5 to clear_refs resets VmHWM to the current RSS, so the next
+    # reading is the peak of what ran after this point only.
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return proc_status_bytes("VmHWM") is not None
+    except OSError:
+        return False
+
+
+def _measure_here(step: Callable, args: tuple, kwargs: dict, repeat: int) -> RSSMeasurement:
+    import gc
+
+    compiled = jax.jit(step).lower(*args, **kwargs).compile()
+    gc.collect()
+    # Baseline: inputs on the device and the program compiled, nothing run yet.
+    baseline = current_rss_bytes()
+    exact = _reset_peak()
+    for _ in range(repeat):
+        jax.block_until_ready(compiled(*args, **kwargs))
+    peak = (proc_status_bytes("VmHWM") if exact else None) or _lifetime_peak()
+    return RSSMeasurement(peak, baseline, max(0, peak - baseline), _lifetime_peak(), exact)
+
+
+def _rss_child_main() -> None:  # runs in the fresh interpreter started by peak_rss_bytes
+    payload = pickle.loads(sys.stdin.buffer.read())
+    step, args, kwargs, repeat = payload
+    result = _measure_here(step, args, kwargs, repeat)
+    sys.stdout.write("REMAT_RSS " + json.dumps(result.to_dict()) + "\n")
+
+
+def peak_rss_bytes(
+    step: Callable,
+    *args: Any,
+    repeat: int = 3,
+    isolate: bool = True,
+    timeout: float = 600.0,
+    **kwargs: Any,
+) -> RSSMeasurement:
+    """Measures the resident memory a step really uses, end to end.
+
+    The step is jitted and compiled; then the kernel's RSS high-water mark is reset
+    (``/proc/self/clear_refs``) and the step runs ``repeat`` times. By default this
+    happens in a fresh Python process, which is the honest choice: the caller's other
+    arrays, compilation caches and allocator history would blur the number,
+    ``ru_maxrss`` in a long-lived process never goes down, and only a new process lets
+    us set glibc's ``MALLOC_MMAP_THRESHOLD_`` so that freed buffers (compilation's,
+    or the previous step's) go back to the kernel instead of hiding the next step's
+    allocations in a retained heap. The child otherwise inherits the environment, so
+    ``XLA_FLAGS`` apply the same way.
+
+    Args:
+      step: the function to run (e.g. ``jax.grad(loss)``). With ``isolate=True`` it
+        and the inputs must be picklable: a module-level function or a
+        ``functools.partial`` of one, not a lambda or a local function.
+      *args: inputs (NumPy or JAX arrays, pytrees of them).
+      repeat: timed runs after the warm-up.
+      isolate: run in a fresh subprocess (True) or in this process (False; works for
+        any callable, less reliable).
+      timeout: seconds before the child is killed.
+      **kwargs: keyword inputs for ``step``.
+
+    Returns:
+      An :class:`RSSMeasurement`; ``step_bytes`` is the number to compare.
+
+    Example:
+      >>> import functools, jax, jax.numpy as jnp
+      >>> m = peak_rss_bytes(functools.partial(jnp.sum), jnp.ones((1024, 1024)))  # doctest: +SKIP
+    """
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1, got {repeat}")
+    if not isolate:
+        return _measure_here(step, args, dict(kwargs), repeat)
+    host = lambda t: jax.tree.map(lambda a: np.asarray(a) if isinstance(a, jax.Array) else a, t)  # noqa: E731
+    try:
+        payload = pickle.dumps((step, host(args), host(kwargs), repeat))
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        raise TypeError(
+            f"peak_rss_bytes(isolate=True) must pickle the step and its inputs ({e}); "
+            "use a module-level function, or pass isolate=False"
+        ) from None
+    code = "from remat.analysis.process import _rss_child_main; _rss_child_main()"
+    # The child must import the caller's modules the same way: give it our sys.path.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    # Large buffers via mmap, returned to the kernel on free: RSS then tracks live bytes.
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
+    proc = subprocess.run(
+        [sys.executable, "-c", code], input=payload, capture_output=True, timeout=timeout, env=env
+    )
+    for line in proc.stdout.decode(errors="replace").splitlines():
+        if line.startswith("REMAT_RSS "):
+            return RSSMeasurement(**json.loads(line.removeprefix("REMAT_RSS ")))
+    err = proc.stderr.decode(errors="replace").strip().splitlines()
+    raise RuntimeError(f"peak_rss_bytes: the measuring process failed: {err[-1] if err else proc.returncode}")
