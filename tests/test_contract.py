@@ -167,3 +167,26 @@ def test_prevent_cse_pytree_prefix_and_errors():
         remat.checkpoint(lambda a, b: a + b, prevent_cse=(True,))(jnp.ones(2), jnp.ones(2))
     with pytest.raises(TypeError, match="prevent_cse"):
         remat.checkpoint(jnp.sin, prevent_cse="yes")
+
+
+def test_no_checkpoint_is_one_spelling_accepted_by_every_form():
+    from remat.policies import NO_CHECKPOINT, POLICY_NAMES, is_no_checkpoint, resolve_policy
+
+    assert POLICY_NAMES[0] == NO_CHECKPOINT and "nothing" in POLICY_NAMES
+    assert is_no_checkpoint(NO_CHECKPOINT) and is_no_checkpoint("none") and not is_no_checkpoint(None)
+    f = Counter(lambda x: jnp.sin(x) * 2.0)
+    x = jnp.linspace(0.0, 1.0, 4)
+    forms = {
+        "call": (lambda x: remat.checkpoint(f, x, policy=NO_CHECKPOINT), 2 * np.sin(np.asarray(x))),
+        "decorator": (lambda x: remat.checkpoint(f, policy=NO_CHECKPOINT)(x), 2 * np.sin(np.asarray(x))),
+        "sequential": (lambda x: remat.checkpoint_sequential([f, f], 2, x, policy=NO_CHECKPOINT),
+                       2 * np.sin(2 * np.sin(np.asarray(x)))),
+    }
+    for name, (form, expected) in forms.items():
+        np.testing.assert_allclose(form(x), expected, rtol=1e-6, err_msg=name)
+        jaxpr = jax.make_jaxpr(form)(x)
+        assert not [e for e in jaxpr.jaxpr.eqns if e.primitive.name in ("checkpoint", "remat", "remat2")], name
+    g = jax.grad(lambda x: remat.checkpoint(f, x, policy=NO_CHECKPOINT).sum())(x)
+    np.testing.assert_allclose(g, 2 * np.cos(np.asarray(x)), rtol=1e-6)
+    with pytest.raises(ValueError, match="not a JAX policy"):
+        resolve_policy(NO_CHECKPOINT)

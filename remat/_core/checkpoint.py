@@ -22,7 +22,7 @@ from remat._core import flax_adapters as _flax
 from remat._core.arguments import OutputStore, SplitCall, is_python_scalar, signature, split_call
 from remat._core.hooks import RegionChooser, current
 from remat._core.lowering import mark_region
-from remat.policies import PolicySpec, policy_name, resolve_policy
+from remat.policies import PolicySpec, is_no_checkpoint, policy_name, resolve_policy
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,6 +39,7 @@ class CheckpointOptions:
     prevent_cse: bool | tuple[Any, ...]
     debug: bool
     trace_scalars: bool = False  # the decorator form traces Python numbers, as jax.checkpoint does
+    enabled: bool = True  # False: policy=NO_CHECKPOINT, the region runs as a plain call
 
 
 def normalize_options(
@@ -84,7 +85,8 @@ def normalize_options(
         static_argnums = (static_argnums,)
     if not all(isinstance(i, int) and i >= 0 for i in static_argnums):
         raise ValueError(f"static_argnums must be non-negative ints, got {static_argnums!r}")
-    resolved = resolve_policy(policy)
+    enabled = not is_no_checkpoint(policy)
+    resolved = resolve_policy(policy) if enabled else None
     if use_reentrant and (resolved is not None or debug):
         # The same rule as PyTorch's: context_fn (our policy=) and debug need the
         # non-reentrant variant, so code that runs here also runs there.
@@ -98,6 +100,7 @@ def normalize_options(
         static_argnums=tuple(sorted(set(static_argnums))),
         prevent_cse=prevent_cse,
         debug=debug,
+        enabled=enabled,
     )
 
 
@@ -169,7 +172,8 @@ def checkpoint(
       policy: what may be kept instead of recomputed (see :mod:`remat.policies`):
         ``None``/``"nothing"`` (PyTorch's behaviour), ``"everything"``, ``"dots"``,
         ``"dots_no_batch"``, a list of names given to :func:`remat.checkpoint_name`, or
-        any callable JAX policy.
+        any callable JAX policy; ``remat.policies.NO_CHECKPOINT`` runs ``function`` as a
+        plain call (no checkpoint), so a flag can switch checkpointing off.
       static_argnums: positions of arguments to treat as compile-time constants.
       prevent_cse: as in ``jax.checkpoint``; ``True`` stops XLA from merging the
         recomputation with the forward pass (needed outside ``scan``).
@@ -319,6 +323,8 @@ def _checkpointed(policy: Any, prevent_cse: bool | tuple[bool, ...], nnx_mode: s
 
 def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwargs: dict) -> Any:
     """Evaluates ``function(*args, **kwargs)`` as one checkpointed region."""
+    if not opts.enabled:  # policy=NO_CHECKPOINT: not a region at all, so no planner sees it
+        return function(*args, **kwargs)
     decide = current().region  # a planner re-deciding this region (remat._core.hooks)
     if decide is not None:
         opts = decide(opts)

@@ -53,6 +53,21 @@ NAMED_POLICIES: dict[str, Policy | None] = {
 }
 
 
+#: "Do not checkpoint this region": the one spelling of it, accepted wherever a policy is
+#: (``remat.checkpoint``, scans, comparisons, the planner, the command line). It is never
+#: ``None``, which means "checkpoint, keep nothing but the inputs". ``"none"`` is its older
+#: spelling and still accepted.
+NO_CHECKPOINT = "no_checkpoint"
+
+#: Every policy name, in the order reports list them: the list the CLI and benchmarks offer.
+POLICY_NAMES: tuple[str, ...] = (NO_CHECKPOINT, *NAMED_POLICIES)
+
+
+def is_no_checkpoint(policy: Any) -> bool:
+    """True for the spellings of "do not checkpoint": :data:`NO_CHECKPOINT` (or ``"none"``)."""
+    return isinstance(policy, str) and policy in (NO_CHECKPOINT, "none")
+
+
 def resolve_policy(policy: PolicySpec) -> Policy | None:
     """Turns any accepted spelling of a policy into a JAX policy (``None`` = save nothing).
 
@@ -69,11 +84,14 @@ def resolve_policy(policy: PolicySpec) -> Policy | None:
     """
     if policy is None:
         return None
+    if is_no_checkpoint(policy):
+        raise ValueError(f"policy={policy!r} means no checkpoint at all, which is not a JAX policy; "
+                         "check remat.policies.is_no_checkpoint(policy) before resolving")
     if isinstance(policy, str):
         try:
             return NAMED_POLICIES[policy]
         except KeyError:
-            valid = ", ".join(repr(n) for n in NAMED_POLICIES)
+            valid = ", ".join(repr(n) for n in POLICY_NAMES)
             raise ValueError(
                 f"unknown policy {policy!r}; use one of {valid}, a list of checkpoint names, "
                 "or a callable from remat.policies"
@@ -301,10 +319,13 @@ def selective(
 __all__ = [
     "CheckpointPolicy",
     "NAMED_POLICIES",
+    "NO_CHECKPOINT",
+    "POLICY_NAMES",
     "Policy",
     "PolicySpec",
     "TORCH_OP_ALIASES",
     "any_of",
+    "is_no_checkpoint",
     "offload_names",
     "policy_name",
     "resolve_policy",
