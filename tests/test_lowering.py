@@ -144,20 +144,27 @@ def test_lowering_under_vmap_and_higher_order_ad():
     assert jnp.allclose(hess, jnp.diag(2 * jnp.cos(x) - x * jnp.sin(x)), atol=1e-6)
 
 
-def test_remat_saves_memory_where_jax_checkpoint_does_not():
-    """The README's XLA:CPU table: per-block remat.checkpoint saves; plain jax.checkpoint does not."""
-    rows = {r["model"]: r for r in xla_cpu.measure(xla_cpu.MODELS[1:])}
-    for row in rows.values():
-        none, jax_ck, remat_ck = row["no checkpoint"], row["jax.checkpoint"], row["remat.checkpoint"]
-        assert remat_ck < 0.3 * none, row  # measured 0.17 (GELU MLP) and 0.28 (tanh MLP)
-        assert jax_ck > 0.9 * none, row  # the scheduler hoists jax.checkpoint's recomputation
+def test_remat_saves_memory_in_unrolled_models():
+    """The README's XLA:CPU table: per-block remat.checkpoint saves most of the temp memory."""
+    for row in xla_cpu.measure(xla_cpu.MODELS[1:]):
+        assert row["remat.checkpoint"] < 0.3 * row["no checkpoint"], row  # measured 0.17 and 0.28
 
 
 @pytest.mark.slow
 def test_transformer_row_of_the_xla_table():
     (row,) = xla_cpu.measure(xla_cpu.MODELS[:1])
     assert row["remat.checkpoint"] < 0.4 * row["no checkpoint"], row  # measured 25.5 / 72.6 MiB
-    assert row["jax.checkpoint"] > 0.9 * row["no checkpoint"], row
+
+
+XLA_CPU_HOISTS = ("XLA:CPU deletes opt-barrier before scheduling, so jax.checkpoint's recomputation is "
+                  "hoisted into the forward pass (README, 'For XLA upstream', finding 1; not yet reported)")
+
+
+@pytest.mark.xfail(strict=False, reason=XLA_CPU_HOISTS)
+def test_canary_jax_checkpoint_saves_memory_on_xla_cpu():
+    """Passes the day XLA keeps jax.checkpoint's barrier on CPU; until then an expected failure."""
+    for row in xla_cpu.measure(xla_cpu.MODELS[1:]):
+        assert row["jax.checkpoint"] < 0.5 * row["no checkpoint"], row
 
 
 def test_conditional_inside_loops_and_cond():
