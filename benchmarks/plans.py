@@ -8,6 +8,7 @@ that fits (interleaved rounds, medians) and writes ``plans.json`` and ``plans.md
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -17,15 +18,10 @@ import remat
 
 
 def _task(model: str, depth: int):
-    import argparse as ap
-
-    from remat.cli._training import make_task, pure_step_loss
+    from remat.models.tasks import make_task, pure_step_loss
 
     sizes = {"mlp": dict(width=256, batch_size=256), "transformer": dict(width=128, batch_size=8, seq_len=128)}
-    args = ap.Namespace(model=model, depth=depth, policy=None, budget=None, seed=0, seq_len=None,
-                        width=None, batch_size=None)
-    vars(args).update(sizes[model])
-    return pure_step_loss(make_task(args))
+    return pure_step_loss(make_task(model, depth=depth, seed=0, **sizes[model]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.keep_freed_memory and not remat.keep_freed_memory():
         parser.error("--keep-freed-memory needs glibc")
-    from remat.planner import plan, time_side_by_side
+    from remat.analysis import time_programs
+    from remat.planner import plan
 
     fixed = {"all: nothing", "all: dots_no_batch", "all: dots", "no checkpoint"}
     rows = []
@@ -65,8 +62,10 @@ def main(argv: list[str] | None = None) -> int:
                     # one program is timed once, however many roles or spellings it has (the
                     # plan may compile to the best fixed policy, or to nothing itself): timing
                     # it against itself measures only the machine's noise
-                    unique = {c.program: c.compiled for c in (p.chosen, best, nothing) if c is not None}
-                    ms = dict(zip(unique, time_side_by_side(list(unique.values()), step_args, 2 * args.repeat)))
+                    unique = {c.program: functools.partial(c.compiled, *step_args)
+                              for c in (p.chosen, best, nothing) if c is not None}
+                    timings = time_programs(list(unique.values()), rounds=2 * args.repeat)
+                    ms = dict(zip(unique, timings.medians_ms()))
                     row["chosen_ms"] = ms[p.chosen.program]
                     if best is not None:
                         row.update(best_fixed=best.label, best_fixed_ms=ms[best.program],

@@ -5,7 +5,7 @@ import math
 import os
 from typing import Any
 
-from benchmarks.measure import JAX_VARIANTS, TORCH_VARIANTS, add_overheads
+from benchmarks.cases import JAX_VARIANTS, TORCH_VARIANTS, add_overheads
 
 MiB = 2**20
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import report
-from benchmarks.measure import MODELS, NAMES_POLICY, SIZES, Sizes
+from benchmarks.cases import MODELS, NAMES_POLICY, SIZES, Sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,7 +115,7 @@ def worker_env() -> dict[str, str]:
     """The workers' environment: ours, with the repository on ``PYTHONPATH``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
-    # The worker switches glibc's allocator itself (measure.malloc_mode): no env override.
+    # The worker switches glibc's allocator itself (remat.analysis.allocator.malloc_mode): no env override.
     env.pop("MALLOC_MMAP_THRESHOLD_", None)
     env.pop("MALLOC_TRIM_THRESHOLD_", None)
     return env

@@ -6,8 +6,12 @@ only there), ``example_inputs``/``example_targets`` and
 ``build(config, seed) -> (jax_model, torch_model, example_inputs)``, which loads the
 twin's weights into the NNX model so that both start identical.
 
-:data:`MODELS` lists the built-in models with small configs suitable for fast tests;
-:func:`load_factory` loads a user's ``path/to/file.py:factory``.
+:data:`MODELS` is the one registry of the built-in models: small configs suitable for fast
+tests, and what training each needs (its NNX class, its kind of data, its batch size);
+:func:`load_factory` loads a user's ``path/to/file.py:factory``. :mod:`remat.models.tasks`
+turns a registry name or a factory into a training task (model, data, loss), for
+``remat train``/``plan``/``profile`` and the benchmarks; :mod:`remat.models.datasets`
+makes the data.
 
 Example:
   >>> from remat.models import MODELS
@@ -33,7 +37,13 @@ Factory = Callable[..., tuple[Any, Any, tuple]]
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """A built-in model: its default (small) config, factory, targets and tagged names."""
+    """A built-in model: its default (small) config, factory, targets and tagged names.
+
+    The last three fields say how :func:`remat.models.tasks.make_task` trains it:
+    ``module`` is the NNX class (built as ``module(config, rngs=nnx.Rngs(seed))``, no
+    PyTorch needed), ``task`` the kind of data (``"regression"``, ``"char-lm"`` or
+    ``"images"``, see :mod:`remat.models.datasets`) and ``train_batch`` the default batch.
+    """
 
     name: str
     description: str
@@ -41,6 +51,9 @@ class ModelEntry:
     factory: Callable[[Any, int], tuple[Any, Any, tuple]]
     targets: Callable[[Any, int], Any]
     checkpoint_names: tuple[str, ...] = ()
+    module: type | None = None
+    task: str | None = None
+    train_batch: int = 32
 
     def build(self, remat: RematSettings | None = None, seed: int = 0, **overrides: Any) -> tuple[Any, Any, tuple]:
         """``(jax_model, torch_model, example_inputs)`` for the default config.
@@ -66,21 +79,26 @@ class ModelEntry:
 MODELS: dict[str, ModelEntry] = {
     "seed-model": ModelEntry(
         "seed-model", "first seed: fc1 10->20, checkpointed fc2 20->30",
-        seed.ModelConfig(), seed.build, seed.example_targets),
+        seed.ModelConfig(), seed.build, seed.example_targets, module=seed.Model, task="regression"),
     "seed-mymodel": ModelEntry(
         "seed-mymodel", "second seed: linear1, checkpointed ReLU method, linear2 (size 32 here)",
-        seed.MyModelConfig(size=32), seed.build, seed.example_targets),
+        seed.MyModelConfig(size=32), seed.build, seed.example_targets, module=seed.MyModel, task="regression"),
     "mlp": ModelEntry(
         "mlp", "MLP, depth 2, width 32, relu",
-        mlp.MLPConfig(), mlp.build, mlp.example_targets, mlp.CHECKPOINT_NAMES),
+        mlp.MLPConfig(), mlp.build, mlp.example_targets, mlp.CHECKPOINT_NAMES, module=mlp.MLP, task="regression"),
     "transformer": ModelEntry(
         "transformer", "GPT decoder, depth 2, width 32, 4 heads, seq 8",
         transformer.TransformerConfig(), transformer.build, transformer.example_targets,
-        transformer.CHECKPOINT_NAMES),
+        transformer.CHECKPOINT_NAMES, module=transformer.Transformer, task="char-lm", train_batch=16),
     "cnn": ModelEntry(
         "cnn", "Conv-BatchNorm-ReLU-maxpool x2 on 8x8 images, linear head",
-        cnn.CNNConfig(), cnn.build, cnn.example_targets, cnn.CHECKPOINT_NAMES),
+        cnn.CNNConfig(), cnn.build, cnn.example_targets, cnn.CHECKPOINT_NAMES, module=cnn.CNN, task="images"),
 }
+
+
+def is_factory_spec(model: str) -> bool:
+    """Whether ``model`` names a factory (``path/to/file.py:factory``) rather than an entry of :data:`MODELS`."""
+    return model not in MODELS and (":" in model or model.endswith(".py"))
 
 
 def load_factory(spec: str) -> Factory:
@@ -142,5 +160,5 @@ def call_factory(factory: Factory, **offered: Any) -> tuple[Any, frozenset[str]]
     return factory(**passed), frozenset(passed)
 
 
-__all__ = ["MODELS", "NAMES", "ModelEntry", "RematSettings", "call_factory", "load_factory", "cnn", "mlp", "seed",
-           "transformer"]
+__all__ = ["MODELS", "NAMES", "ModelEntry", "RematSettings", "call_factory", "is_factory_spec", "load_factory", "cnn",
+           "mlp", "seed", "transformer"]

@@ -32,12 +32,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import math
 import re
-import statistics
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -48,6 +47,8 @@ from remat._core import hooks
 from remat._core.checkpoint import CheckpointOptions
 from remat.analysis import names_in_jaxpr
 from remat.analysis.budget import Budget, calibrate_once, rates
+from remat.analysis.compiled import compiled_step
+from remat.analysis.timing import time_programs
 from remat.policies import PolicySpec, policy_name, resolve_policy
 
 NONE = "none"  # a region that is not checkpointed
@@ -320,11 +321,11 @@ def plan(
 
     def _compile_candidate(label: str, specs: tuple[Any, ...], scan: tuple[Any, Any] | None,
                            sequential: int | None) -> Candidate:
-        compiled = compile_step(apply_policies(step_fn, specs, scan, sequential), args, argnums)
+        step = compiled_step(apply_policies(step_fn, specs, scan, sequential), *args, argnums=argnums)
         # one compile gives the exact temp bytes, the FLOPs/bytes for the time model and
         # the executable that is timed
-        temp = int(compiled.memory_analysis().temp_size_in_bytes)
-        return Candidate(label, specs, temp_bytes=temp, predicted_ms=_predicted_ms(compiled),
+        compiled = step.executable
+        return Candidate(label, specs, temp_bytes=step.memory.temp_bytes, predicted_ms=_predicted_ms(compiled),
                          scan=scan, sequential=sequential, program=program_fingerprint(compiled),
                          compiled=compiled)
 
@@ -429,27 +430,18 @@ def program_fingerprint(compiled: Any) -> str:
 
 
 def compile_step(fn: Callable[..., Any], args: tuple, argnums: Any = 0) -> Any:
-    """``jax.jit(jax.grad(fn, argnums))`` compiled for ``args``."""
-    return jax.jit(jax.grad(fn, argnums=argnums)).lower(*args).compile()
+    """``jax.jit(jax.grad(fn, argnums))`` compiled for ``args``: the executable of
+    :func:`remat.analysis.compiled.compiled_step`."""
+    return compiled_step(fn, *args, argnums=argnums).executable
 
 
 def time_side_by_side(steps: list[Callable[..., Any]], args: tuple, repeat: int) -> list[float]:
-    """Median ms of each compiled step, timed in interleaved rounds (fair on a noisy machine).
+    """Median ms of each compiled step called with ``args``, timed in interleaved rounds.
 
-    Each round runs every step once, in an order that rotates from round to round, so that
-    a slow spell of the machine, or the step that happens to run first, is shared out.
+    :func:`remat.analysis.timing.time_programs` (one warm-up call each, then ``repeat``
+    rounds whose order rotates), for steps that all take the same arguments.
     """
-    for s in steps:
-        jax.block_until_ready(s(*args))  # warm up
-    samples: list[list[float]] = [[] for _ in steps]
-    n = len(steps)
-    for r in range(repeat):
-        for j in range(n):
-            i = (j + r) % n
-            t = time.perf_counter()
-            jax.block_until_ready(steps[i](*args))
-            samples[i].append(1e3 * (time.perf_counter() - t))
-    return [statistics.median(x) for x in samples]
+    return time_programs([functools.partial(s, *args) for s in steps], rounds=repeat).medians_ms()
 
 
 def _spec_label(p: Any) -> str:

@@ -78,3 +78,17 @@ def test_the_commands_take_keep_freed_memory(command, monkeypatch):
     apply_keep_freed_memory_flag(args)
     apply_keep_freed_memory_flag(build_parser().parse_args(command))  # without the flag: no call
     assert calls == [1]
+
+
+
+def test_malloc_mode_and_trim_heap_go_through_the_one_glibc_handle():
+    # in a fresh interpreter: the settings are process-wide
+    program = ("from remat.analysis import allocator as a\n"
+               "print(a.malloc_mode('measure'), a.malloc_mode('time'), a.trim_heap(), a.glibc() is a._glibc())\n"
+               "try:\n"
+               "    a.malloc_mode('fast')\n"
+               "except ValueError as e:\n"
+               "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == ["True True True True", "mode must be 'measure' or 'time', got 'fast'"]

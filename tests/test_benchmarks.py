@@ -103,6 +103,21 @@ def test_saved_bytes_exclude_parameters():
     assert tb["saved_bytes"] >= 3 * act
 
 
+def test_jax_variants_run_the_models_own_forward():
+    import jax
+    import jax.numpy as jnp
+
+    built = M.build("transformer", 2, TINY)
+    x, y = M.jax_inputs(built)
+    logp = jax.nn.log_softmax(built.jax_model(x), axis=-1)  # the NNX model itself
+    expected = -jnp.mean(jnp.take_along_axis(logp, y[..., None], axis=-1))
+    for v in ("none", "nothing", "names", "budget_0.5", "scan", "scan_nested", "sequential"):
+        loss, params = M.jax_loss(built, v)
+        assert float(loss(params, x, y)) == pytest.approx(float(expected), rel=1e-5), v
+    with pytest.raises(ValueError, match="unknown JAX variant"):
+        M.jax_loss(built, "everything")
+
+
 def test_segments_for():
     assert [M.segments_for(d) for d in (1, 2, 4, 8, 16, 32)] == [1, 1, 2, 3, 4, 6]
 

@@ -125,6 +125,54 @@ def test_compiled_memory_fields():
         "temp_bytes", "argument_bytes", "output_bytes", "alias_bytes", "generated_code_bytes", "peak_bytes"}
 
 
+def test_compiled_step_is_the_executable_and_its_memory():
+    from remat.analysis import compiled_step
+
+    step = compiled_step(tagged, W, X)
+    assert step.memory == compiled_memory(tagged, W, X)
+    np.testing.assert_allclose(step.executable(W, X), jax.grad(tagged)(W, X), rtol=1e-6)
+    assert step.compile_s > 0
+    executable, memory, _ = compiled_step(lambda w, x: x @ w, W, X, grad=False)
+    assert memory.output_bytes == X.nbytes and executable(W, X).shape == X.shape
+
+
+def test_time_programs_rounds_rotate_and_groups_alternate():
+    from remat.analysis import time_programs
+
+    calls = []
+    programs = [lambda i=i: calls.append(i) for i in range(4)]
+    t = time_programs(programs, rounds=3, warmup=1)
+    assert [len(s) for s in t.samples_s] == [3, 3, 3, 3] and all(m > 0 for m in t.medians_ms())
+    # one warm-up round in order, then rounds whose order rotates by one each time
+    assert calls == [0, 1, 2, 3] + [0, 1, 2, 3] + [1, 2, 3, 0] + [2, 3, 0, 1]
+    calls.clear()
+    woken = []
+    time_programs(programs, rounds=2, warmup=0, groups=[[0, 1], [2, 3]], before_group=woken.append)
+    assert calls == [0, 1, 2, 3] + [3, 2, 1, 0]  # the groups alternate, each rotating inside
+    assert woken == [[0, 1], [2, 3], [3, 2], [1, 0]]
+    with pytest.raises(ValueError, match="rounds"):
+        time_programs(programs, rounds=0)
+    with pytest.raises(ValueError, match="groups"):
+        time_programs(programs, rounds=1, groups=[[0, 1], [2]])
+
+
+def test_time_side_by_side_stays_the_planners_name():
+    from remat.planner import time_side_by_side
+
+    f = jax.jit(lambda w, x: x @ w).lower(W, X).compile()
+    ms = time_side_by_side([f, f], (W, X), repeat=3)
+    assert len(ms) == 2 and all(m > 0 for m in ms)
+
+
+def test_peak_rss_during_sees_a_new_buffer():
+    from remat.analysis import current_rss_bytes, peak_rss_during
+
+    assert current_rss_bytes() > 0
+    p = peak_rss_during(lambda: np.ones((2048, 2048), np.float32).sum())  # 16 MiB, touched
+    assert p.exact and p.method == "vmhwm_reset"
+    assert 12 * 2**20 <= p.increase_bytes < 2**30, p
+
+
 def test_compiled_memory_accepts_shape_dtype_structs():
     spec = jax.ShapeDtypeStruct((16, 16), jnp.float32)
     assert compiled_memory(tagged, spec, jax.ShapeDtypeStruct((4, 16), jnp.float32)).argument_bytes == 1280

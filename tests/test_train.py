@@ -275,28 +275,36 @@ def _finished_saves(directory: str) -> list[int]:
 
 @pytest.mark.slow
 def test_killed_run_resumes_to_exactly_the_uninterrupted_losses(tmp_path):
+    """SIGKILL as soon as the first save is complete on disk, then resume.
+
+    A save every 10 steps makes the run long enough to be caught in the middle: each
+    orbax save (written to a temporary directory, then renamed) takes far longer than
+    10 steps of the tiny MLP, so after the first save appears some 29 remain, and the
+    kill most likely lands inside one of them, which must leave the finished ones intact.
+    """
     save = str(tmp_path / "run")
-    args = ["mlp", "--steps", "30", "--every", "5", *TINY["mlp"], "--json"]
+    steps = 300
+    args = ["mlp", "--steps", str(steps), "--every", "10", *TINY["mlp"], "--json"]
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen([sys.executable, "-m", "remat", "train", *args, "--save-dir", save,
-                             "--step-delay", "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "remat", "train", *args, "--save-dir", save],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=env)
     try:
         deadline = time.monotonic() + 150
         while not _finished_saves(save):
             assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
             assert time.monotonic() < deadline, "no save appeared"
-            time.sleep(0.05)
+            time.sleep(0.01)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     saved = _finished_saves(save)
-    assert saved and saved[-1] < 30
+    assert saved and saved[-1] < steps
 
     resumed = cli(*args, "--save-dir", save, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     r = json.loads(resumed.stdout)
-    assert r["resumed_from"] == saved[-1] and len(r["losses"]) == 30
+    assert r["resumed_from"] == saved[-1] and len(r["losses"]) == steps
 
     ref = cli(*args)
     assert ref.returncode == 0, ref.stderr
@@ -315,3 +323,44 @@ def test_killed_run_resumes_to_exactly_the_uninterrupted_losses(tmp_path):
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.startswith("remat: error: --resume: the save") and bad.stderr.count("\n") == 1, bad.stderr
     assert "delete" in bad.stderr
+
+
+# --- the task API (remat.models.tasks), shared by remat train/plan/profile and the benchmarks
+
+
+def test_task_api_by_keywords():
+    from remat.models.tasks import make_task, pure_step_loss
+
+    task = make_task("mlp", depth=1, width=16, batch_size=4, policy="dots", seed=3)
+    assert (task.kind, task.policy, task.batch_size) == ("regression", "dots", 4)
+    (x,), y = task.batch(0)
+    assert x.shape == (4, 16) and y.shape == (4, 8)
+    assert np.array_equal(task.batch(5)[0][0], make_task("mlp", depth=1, width=16, batch_size=4, seed=3).batch(5)[0][0])
+    loss, (params, inputs, targets) = pure_step_loss(task)
+    assert np.isfinite(float(loss(params, inputs, targets)))
+
+
+def test_every_registry_entry_names_its_training():
+    from remat.models import MODELS
+    from remat.models.tasks import make_task
+
+    for name, entry in MODELS.items():
+        assert entry.module is not None and entry.task in ("regression", "char-lm", "images"), name
+    assert make_task("transformer", depth=1, width=16, seq_len=8, batch_size=2).kind == "char-lm"
+
+
+def test_task_errors_name_keywords_and_the_cli_spells_them_as_flags():
+    from remat.cli._common import flag
+    from remat.models.tasks import TaskError, make_task
+
+    with pytest.raises(TaskError) as e:
+        make_task("mlp", seq_len=8)
+    assert str(e.value).startswith("seq_len does not apply to mlp")
+    assert e.value.spelled(flag).startswith("--seq-len does not apply to mlp")
+    with pytest.raises(TaskError) as e:
+        make_task("seed-model", depth=2, width=3)
+    assert e.value.spelled(flag).startswith("--depth and --width do not apply")
+    with pytest.raises(TaskError, match="batch_size must be at least 1"):
+        make_task("mlp", batch_size=0)
+    with pytest.raises(TaskError, match="policy does not apply to a factory"):
+        make_task("my.py:build", policy="dots")

@@ -14,6 +14,12 @@ Three views, from cheapest to most honest:
 :func:`compare_policies` puts residual bytes, compiled temp bytes and step time side by
 side for several checkpoint policies, and can plot them.
 
+The measuring kernel every report of remat (and the benchmarks) goes through:
+:func:`compiled_step` (compile ``jit(grad(fn))`` once: executable and bytes),
+:func:`time_programs` (warm-up, interleaved rounds, medians) and the process-memory
+readers of :mod:`remat.analysis.process` (:func:`current_rss_bytes`,
+:func:`peak_rss_during`, :func:`process_peak_rss_bytes`).
+
 Example:
   >>> import jax, jax.numpy as jnp
   >>> from remat.analysis import saved_residuals, compiled_memory
@@ -34,25 +40,43 @@ from remat._core.residuals import (
     saved_residuals,
 )
 from remat.analysis.compare import DEFAULT_POLICIES, PolicyComparison, PolicyResult, compare_policies, with_policy
-from remat.analysis.compiled import CompiledMemory, compiled_memory
-from remat.analysis.process import RSSMeasurement, current_rss_bytes, peak_rss_bytes, proc_status_bytes
+from remat.analysis.compiled import CompiledMemory, CompiledStep, compiled_memory, compiled_step
+from remat.analysis.process import (
+    PeakRSS,
+    RSSMeasurement,
+    current_rss_bytes,
+    peak_rss_bytes,
+    peak_rss_during,
+    proc_status_bytes,
+    process_peak_rss_bytes,
+    reset_peak_rss,
+)
+from remat.analysis.timing import Timings, time_programs
 
 __all__ = [
     "DEFAULT_POLICIES",
     "CompiledMemory",
+    "CompiledStep",
     "PolicyComparison",
+    "PeakRSS",
     "PolicyResult",
     "RSSMeasurement",
     "Residual",
     "ResidualReport",
+    "Timings",
     "checkpoint_names",
     "compare_policies",
     "compiled_memory",
+    "compiled_step",
     "current_rss_bytes",
     "format_bytes",
     "names_in_jaxpr",
     "peak_rss_bytes",
+    "peak_rss_during",
     "proc_status_bytes",
+    "process_peak_rss_bytes",
+    "reset_peak_rss",
     "saved_residuals",
+    "time_programs",
     "with_policy",
 ]

@@ -1,14 +1,11 @@
-"""Keeps freed memory in the process heap, so XLA:CPU steps stop page-faulting it afresh.
+"""glibc's allocator: keep freed memory in the heap (so XLA:CPU steps stop page-faulting it afresh).
 
 XLA:CPU allocates a step's temp buffer (one block of ``memory_analysis().temp_size_in_bytes``)
 with ``malloc`` on every execution and frees it at the end. glibc serves blocks above its
 mmap threshold (at most 32 MiB) with a fresh ``mmap`` and returns them with ``munmap``, so
 every step touches, faults in and zeroes every page of that buffer again. The cost grows
-with the buffer, which punishes exactly the programs that keep more activations. On the
-2-core machine of the README, the 8-block transformer (B=8, T=128) ran without any
-checkpoint at 265 ms, ``nothing`` at 234 and ``budget(0.5)`` at 232: keeping more did not
-pay. After :func:`keep_freed_memory` the same programs ran at 194, 246 and 215 ms, the
-order one expects when recomputation is the only cost.
+with the buffer, which punishes exactly the programs that keep more activations, so that
+keeping more can stop paying (the README gives measured step times).
 
 :func:`keep_freed_memory` tells glibc (through ``mallopt``) to serve every block from the
 heap and never to give freed memory back to the kernel, the way PyTorch's caching
@@ -18,6 +15,10 @@ choice, so remat never makes it for you: call it once at start-up, before the fi
 computation starts XLA's threads (``remat plan/train/profile --keep-freed-memory``). The
 resident memory then stays at its high-water mark instead of shrinking after each step,
 and all threads share one arena's lock (XLA:CPU allocates little per step).
+
+This module is also remat's one handle on glibc (:func:`glibc`): :func:`trim_heap` and
+:func:`malloc_mode`, which the benchmarks use to switch between measuring memory and
+timing, go through it.
 
 References:
   glibc manual, "Malloc Tunable Parameters" (``M_ARENA_MAX``, ``M_MMAP_MAX``,
@@ -35,12 +36,14 @@ from remat.analysis.process import jax_backend_started
 
 # mallopt parameter numbers, from glibc's <malloc.h>
 _M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
 
 
 @functools.lru_cache(maxsize=1)
-def _glibc() -> ctypes.CDLL | None:
+def glibc() -> ctypes.CDLL | None:
+    """The process's C library when it is glibc (``mallopt``, ``malloc_trim``); None elsewhere."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name or "libc.so.6")
@@ -50,7 +53,12 @@ def _glibc() -> ctypes.CDLL | None:
         return None
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     libc.mallopt.restype = ctypes.c_int
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    libc.malloc_trim.restype = ctypes.c_int
     return libc
+
+
+_glibc = glibc  # the name tests and older callers use
 
 
 def keep_freed_memory() -> bool:
@@ -68,7 +76,7 @@ def keep_freed_memory() -> bool:
       >>> remat.keep_freed_memory()  # doctest: +SKIP
       True
     """
-    libc = _glibc()
+    libc = glibc()
     if libc is None:
         return False
     if jax_backend_started():
@@ -84,3 +92,38 @@ def keep_freed_memory() -> bool:
     ok &= libc.mallopt(_M_MMAP_MAX, 0) == 1
     ok &= libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1
     return bool(ok)
+
+
+def trim_heap() -> bool:
+    """Returns the heap's free memory to the kernel (``malloc_trim(0)``); False if not glibc."""
+    libc = glibc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
+def malloc_mode(mode: str) -> bool:
+    """Switches glibc's allocator between measuring memory and timing (False if not glibc).
+
+    ``"measure"``: buffers over 128 KiB are mmap'd and go back to the kernel when freed,
+    and free heap memory is trimmed, so that RSS tracks live bytes (the setting
+    :func:`remat.analysis.peak_rss_bytes` gives its fresh process through
+    ``MALLOC_MMAP_THRESHOLD_``). ``"time"``: buffers up to 32 MiB come from the heap and
+    are reused (glibc's steady state after its dynamic threshold has grown), so that steps
+    are not timed with page faults and mmap/munmap calls for every tensor (which hits
+    PyTorch, whose CPU allocator does not cache, far harder than XLA).
+    """
+    if mode not in ("measure", "time"):
+        raise ValueError(f"mode must be 'measure' or 'time', got {mode!r}")
+    libc = glibc()
+    if libc is None:
+        return False
+    if mode == "measure":
+        libc.mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
+        libc.mallopt(_M_TRIM_THRESHOLD, 128 * 1024)
+        libc.malloc_trim(0)
+    else:
+        libc.mallopt(_M_MMAP_THRESHOLD, 32 * 2**20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 64 * 2**20)
+    return True

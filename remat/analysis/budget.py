@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -256,26 +255,24 @@ def knapsack(weights: Sequence[int], values: Sequence[float], capacity: int, *,
 
 def calibrate(size: int = 512, repeat: int = 5) -> dict[str, float]:
     """Measures this machine's matmul FLOP rate and memory-bound byte rate for the cost model."""
+    import functools
+
     import jax
     import jax.numpy as jnp
+
+    from remat.analysis.timing import time_programs
 
     a = jnp.ones((size, size), jnp.float32)
     v = jnp.ones((4 * size * size,), jnp.float32)
     mm = jax.jit(lambda a: a @ a)
     ew = jax.jit(lambda v: v * 1.5 + 1.0)
-
-    def best(fn, x):
-        fn(x).block_until_ready()
-        times = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            fn(x).block_until_ready()
-            times.append(time.perf_counter() - t)
-        return max(min(times), 1e-9)
+    # the fastest of `repeat` calls each, after one warm-up call
+    mm_s, ew_s = (max(t, 1e-9) for t in time_programs([functools.partial(mm, a), functools.partial(ew, v)],
+                                                        rounds=repeat).minima_s())
 
     global _calibrated
-    _RATES["flops_per_s"] = 2 * size**3 / best(mm, a)
-    _RATES["bytes_per_s"] = 2 * v.nbytes / best(ew, v)
+    _RATES["flops_per_s"] = 2 * size**3 / mm_s
+    _RATES["bytes_per_s"] = 2 * v.nbytes / ew_s
     _calibrated = True
     return dict(_RATES)
 

@@ -6,15 +6,14 @@ import functools
 import inspect
 import json
 import os
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 
 from remat._core.residuals import format_bytes, saved_residuals
-from remat.analysis.compiled import CompiledMemory, _grad_program
+from remat.analysis.compiled import compiled_step
+from remat.analysis.timing import time_programs
 
 DEFAULT_POLICIES: tuple[str, ...] = ("none", "nothing", "dots", "dots_no_batch", "everything")
 
@@ -202,9 +201,11 @@ def compare_policies(
     keyword-only). It receives each entry of ``policies`` as it is; ``"none"`` means
     "no checkpoint at all", which :func:`with_policy` implements for you.
 
-    For each policy the gradient ``jax.jit(jax.grad(loss, argnums))`` is compiled once;
-    its ``memory_analysis()`` gives the bytes and the same executable is timed
-    (``warmup`` untimed calls, then ``steps`` timed ones; the median is reported).
+    For each policy the gradient ``jax.jit(jax.grad(loss, argnums))`` is compiled once
+    (:func:`remat.analysis.compiled.compiled_step`); its ``memory_analysis()`` gives the
+    bytes and the same executables are timed side by side
+    (:func:`remat.analysis.timing.time_programs`: ``warmup`` untimed rounds, then
+    ``steps`` interleaved rounds; the median is reported).
 
     Args:
       fn: the policy-parametrised loss (see above); the loss returns a scalar.
@@ -235,28 +236,24 @@ def compare_policies(
         raise ValueError(f"steps must be at least 1, got {steps}")
     if not policies:
         raise ValueError("policies is empty; pass at least one, e.g. policies=('none', 'nothing')")
-    results = []
+    reports, steps_compiled = [], []
     for policy in policies:
         loss = _loss_for(fn, policy)
-        report = saved_residuals(loss, *args, **kwargs)
-        compiled = jax.jit(_grad_program(loss, True, argnums)).lower(*args, **kwargs).compile()
-        mem = CompiledMemory.from_compiled(compiled)
-        for _ in range(warmup):
-            jax.block_until_ready(compiled(*args, **kwargs))
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            jax.block_until_ready(compiled(*args, **kwargs))
-            times.append(time.perf_counter() - t0)
-        results.append(
-            PolicyResult(
-                policy=_policy_label(policy),
-                residual_bytes=report.residual_bytes,
-                residual_count=len(report),
-                temp_bytes=mem.temp_bytes,
-                peak_bytes=mem.peak_bytes,
-                step_time_s=statistics.median(times),
-                step_times_s=tuple(times),
-            )
+        reports.append(saved_residuals(loss, *args, **kwargs))
+        steps_compiled.append(compiled_step(loss, *args, argnums=argnums, **kwargs))
+    timings = time_programs([functools.partial(s.executable, *args, **kwargs) for s in steps_compiled],
+                            rounds=steps, warmup=warmup)
+    results = tuple(
+        PolicyResult(
+            policy=_policy_label(policy),
+            residual_bytes=report.residual_bytes,
+            residual_count=len(report),
+            temp_bytes=step.memory.temp_bytes,
+            peak_bytes=step.memory.peak_bytes,
+            step_time_s=median,
+            step_times_s=times,
         )
-    return PolicyComparison(tuple(results), xla_flags=os.environ.get("XLA_FLAGS", ""))
+        for policy, report, step, times, median in zip(policies, reports, steps_compiled, timings.samples_s,
+                                                       timings.medians_s())
+    )
+    return PolicyComparison(results, xla_flags=os.environ.get("XLA_FLAGS", ""))

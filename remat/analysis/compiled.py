@@ -1,10 +1,17 @@
-"""Compiled memory: XLA's buffer sizes for a compiled step."""
+"""Compiling a step and reading XLA's buffer sizes: the one place remat does ``jit(grad(fn))``.
+
+:func:`compiled_step` compiles ``jax.jit(jax.grad(fn))`` (or ``fn``) once and returns the
+executable together with its :class:`CompiledMemory`, so the program whose bytes are read
+is the very program that is timed (:mod:`remat.analysis.timing`).
+:func:`compiled_memory` is the same compile when only the bytes are wanted.
+"""
 from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
@@ -65,10 +72,57 @@ def _grad_program(fn: Callable, grad: bool, argnums: int | Sequence[int]) -> Cal
     return jax.grad(fn, argnums=argnums)
 
 
+class CompiledStep(NamedTuple):
+    """A compiled step and what XLA says it allocates.
+
+    Attributes:
+      executable: the ``jax.stages.Compiled``; call it with the example inputs' shapes.
+      memory: its buffer sizes (:class:`CompiledMemory`).
+      compile_s: seconds spent tracing, lowering and compiling it.
+    """
+
+    executable: Any
+    memory: CompiledMemory
+    compile_s: float
+
+
+def compiled_step(
+    fn: Callable, *args: Any, grad: bool = True, argnums: int | Sequence[int] = 0, **kwargs: Any
+) -> CompiledStep:
+    """Compiles ``jax.jit(jax.grad(fn))`` (or ``fn`` itself) once: the executable and its bytes.
+
+    Args:
+      fn: with ``grad=True`` a function returning a scalar loss; otherwise any function.
+      *args: example inputs (arrays, pytrees, or ``jax.ShapeDtypeStruct``).
+      grad: compile the gradient of ``fn`` (a training step's backward) rather than ``fn``.
+      argnums: which positional arguments to differentiate, as in ``jax.grad``.
+      **kwargs: keyword inputs, traced like ``args``.
+
+    Returns:
+      A :class:`CompiledStep` ``(executable, memory, compile_s)``.
+
+    Raises:
+      ValueError: the backend reports no memory analysis.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> w, x = jnp.ones((8, 8)), jnp.ones((4, 8))
+      >>> step = compiled_step(lambda w, x: jnp.sum(jnp.tanh(x @ w)), w, x)
+      >>> step.executable(w, x).shape, step.memory.argument_bytes
+      ((8, 8), 384)
+    """
+    t0 = time.perf_counter()
+    executable = jax.jit(_grad_program(fn, grad, argnums)).lower(*args, **kwargs).compile()
+    compile_s = time.perf_counter() - t0
+    return CompiledStep(executable, CompiledMemory.from_compiled(executable), compile_s)
+
+
 def compiled_memory(
     fn: Callable, *args: Any, grad: bool = True, argnums: int | Sequence[int] = 0, **kwargs: Any
 ) -> CompiledMemory:
     """Compiles ``jax.jit(jax.grad(fn))`` (or ``fn`` itself) and reports XLA's buffer sizes.
+
+    The memory of :func:`compiled_step`, when the executable is not needed.
 
     Args:
       fn: with ``grad=True`` a function returning a scalar loss; otherwise any function.
@@ -88,5 +142,4 @@ def compiled_memory(
       >>> m.argument_bytes
       384
     """
-    compiled = jax.jit(_grad_program(fn, grad, argnums)).lower(*args, **kwargs).compile()
-    return CompiledMemory.from_compiled(compiled)
+    return compiled_step(fn, *args, grad=grad, argnums=argnums, **kwargs).memory

@@ -1,12 +1,22 @@
-"""The process: whether JAX's backend started, and resident memory (RSS), measured."""
+"""The process: whether JAX's backend started, and its resident memory (RSS), measured.
+
+The one place remat reads process memory: RSS now (psutil), the lifetime peak
+(``getrusage``), the kernel's resettable high-water mark (``/proc/self/status`` ``VmHWM``,
+which psutil cannot reset or read), the peak during one call (:func:`peak_rss_during`)
+and the peak of a step run in a fresh process (:func:`peak_rss_bytes`).
+"""
 from __future__ import annotations
 
 import dataclasses
+import functools
+import gc
 import json
 import os
 import pickle
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +51,7 @@ class RSSMeasurement:
         top of that (its temporaries and outputs). Compare this across policies.
       process_peak_bytes: the process's lifetime peak, compilation included.
       exact: False when the kernel did not let us reset the high-water mark, in which
-        case ``step_peak_bytes`` may include compilation.
+        case ``step_peak_bytes`` was sampled in a thread and may miss a short peak.
     """
 
     step_peak_bytes: int
@@ -66,20 +76,20 @@ def proc_status_bytes(field: str) -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=1)
+def _process(pid: int) -> Any:
+    import psutil
+
+    return psutil.Process(pid)
+
+
 def current_rss_bytes() -> int:
-    """This process's resident memory now (``/proc``, else psutil, else 0)."""
-    rss = proc_status_bytes("VmRSS")
-    if rss is not None:
-        return rss
-    try:
-        import psutil
-
-        return int(psutil.Process().memory_info().rss)
-    except ImportError:  # pragma: no cover
-        return 0
+    """This process's resident memory now (psutil)."""
+    return int(_process(os.getpid()).memory_info().rss)  # by pid: a forked child is another process
 
 
-def _lifetime_peak() -> int:
+def process_peak_rss_bytes() -> int:
+    """This process's lifetime peak of resident memory (``getrusage``; never goes down)."""
     import resource
 
     # ru_maxrss is KiB on Linux, bytes on macOS.
@@ -87,9 +97,15 @@ def _lifetime_peak() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def _reset_peak() -> bool:
-    # Linux >= 4.0: writing 5 to clear_refs resets VmHWM to the current RSS, so the next
-    # reading is the peak of what ran after this point only.
+def reset_peak_rss() -> bool:
+    """Resets the kernel's RSS high-water mark (``VmHWM``) to the current RSS.
+
+    Linux >= 4.0: writing 5 to ``/proc/self/clear_refs`` does it, so that the next
+    ``proc_status_bytes("VmHWM")`` is the peak of what ran after this point only.
+
+    Returns:
+      False where it cannot be done (not Linux, or no permission).
+    """
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -98,18 +114,82 @@ def _reset_peak() -> bool:
         return False
 
 
-def _measure_here(step: Callable, args: tuple, kwargs: dict, repeat: int) -> RSSMeasurement:
-    import gc
+class _RSSSampler:
+    """Fallback when VmHWM cannot be reset: samples RSS every ~0.5 ms in a thread."""
 
-    compiled = jax.jit(step).lower(*args, **kwargs).compile()
+    def __init__(self, floor: int) -> None:
+        self.peak = max(floor, current_rss_bytes())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, current_rss_bytes())
+            time.sleep(0.0005)
+
+    def __enter__(self) -> _RSSSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, current_rss_bytes())
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakRSS:
+    """Resident memory around one call (:func:`peak_rss_during`).
+
+    Attributes:
+      baseline_bytes: RSS just before the call (after a garbage collection).
+      peak_bytes: the high-water mark of RSS during the call.
+      exact: True when the kernel's high-water mark was reset and read (``VmHWM``);
+        False when RSS was sampled in a thread instead, which can miss a short peak.
+    """
+
+    baseline_bytes: int
+    peak_bytes: int
+    exact: bool
+
+    @property
+    def increase_bytes(self) -> int:
+        """``peak_bytes - baseline_bytes``: what the call needed on top of what was resident."""
+        return max(0, self.peak_bytes - self.baseline_bytes)
+
+    @property
+    def method(self) -> str:
+        """``"vmhwm_reset"`` or ``"sampled"``."""
+        return "vmhwm_reset" if self.exact else "sampled"
+
+
+def peak_rss_during(run: Callable[[], Any]) -> PeakRSS:
+    """Runs ``run()`` once and reports the peak of this process's RSS meanwhile.
+
+    The baseline is read after ``gc.collect()``; the peak is the kernel's high-water mark
+    after :func:`reset_peak_rss`, or, where it cannot be reset, RSS sampled in a thread.
+    """
     gc.collect()
-    # Baseline: inputs on the device and the program compiled, nothing run yet.
     baseline = current_rss_bytes()
-    exact = _reset_peak()
-    for _ in range(repeat):
-        jax.block_until_ready(compiled(*args, **kwargs))
-    peak = (proc_status_bytes("VmHWM") if exact else None) or _lifetime_peak()
-    return RSSMeasurement(peak, baseline, max(0, peak - baseline), _lifetime_peak(), exact)
+    if reset_peak_rss():
+        run()
+        hwm = proc_status_bytes("VmHWM")
+        return PeakRSS(baseline, max(baseline, hwm or baseline), True)
+    with _RSSSampler(baseline) as sampler:
+        run()
+    return PeakRSS(baseline, sampler.peak, False)
+
+
+def _measure_here(step: Callable, args: tuple, kwargs: dict, repeat: int) -> RSSMeasurement:
+    compiled = jax.jit(step).lower(*args, **kwargs).compile()
+
+    def run() -> None:
+        for _ in range(repeat):
+            jax.block_until_ready(compiled(*args, **kwargs))
+
+    # Baseline: inputs on the device and the program compiled, nothing run yet.
+    p = peak_rss_during(run)
+    return RSSMeasurement(p.peak_bytes, p.baseline_bytes, p.increase_bytes, process_peak_rss_bytes(), p.exact)
 
 
 def _rss_child_main() -> None:  # runs in the fresh interpreter started by peak_rss_bytes

@@ -71,3 +71,24 @@ def apply_keep_freed_memory_flag(args: Any) -> None:
         if not keep_freed_memory():
             print("remat: --keep-freed-memory needs glibc; the C library here keeps its own behaviour",
                   file=sys.stderr)
+
+
+def flag(option: str) -> str:
+    """The command-line spelling of a keyword argument: ``seq_len`` -> ``--seq-len``."""
+    return "--" + option.replace("_", "-")
+
+
+def build_task(args: Any, *, policy: str | None = None, budget: float | None = None) -> Any:
+    """:func:`remat.models.tasks.make_task` from the parsed ``MODEL``, ``--seed`` and size flags.
+
+    ``policy`` and ``budget`` are passed apart: ``remat plan``'s ``--budget`` is a memory
+    budget, not the task's. A :class:`~remat.models.tasks.TaskError` becomes a
+    :class:`UsageError` that names the flags.
+    """
+    from remat.models.tasks import TaskError, make_task
+
+    try:
+        return make_task(args.model, seed=args.seed, policy=policy, budget=budget, depth=args.depth,
+                         width=args.width, seq_len=args.seq_len, batch_size=args.batch_size)
+    except TaskError as e:
+        raise UsageError(e.spelled(flag)) from None

@@ -57,15 +57,11 @@ def _blocks(text: str) -> Any:
         raise UsageError(f"--blocks {text!r}: use 'all', 'none' or comma-separated indices like 0,2") from None
 
 
-def _is_factory_spec(model: str) -> bool:
-    return ":" in model or model.endswith(".py")
-
-
 def _load(args: argparse.Namespace, settings: Any) -> tuple[Any, Any, tuple, Any, Any, str]:
     """``(jax_model, torch_model, inputs, targets, whole_model_checkpoint, remat_label)``."""
-    from remat.models import MODELS, call_factory, load_factory
+    from remat.models import MODELS, call_factory, is_factory_spec, load_factory
 
-    if not _is_factory_spec(args.model):
+    if not is_factory_spec(args.model):
         if args.model not in MODELS:
             raise UsageError(f"unknown model {args.model!r}; choose one of {', '.join(MODELS)} "
                              "or give path/to/file.py:factory")

@@ -9,6 +9,7 @@ from remat.cli._common import (
     UsageError,
     add_keep_freed_memory_flag,
     apply_keep_freed_memory_flag,
+    build_task,
     print_json,
     print_table,
 )
@@ -38,12 +39,12 @@ def run(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         raise UsageError("--repeat must be at least 1")
     apply_keep_freed_memory_flag(args)  # before JAX starts its threads
-    from remat.cli._training import make_task, pure_step_loss
+    from remat.models.tasks import pure_step_loss
     from remat.planner import plan
 
     # every block checkpointed (policy "nothing"); the planner re-decides each region
-    budget, args.budget, args.policy = args.budget, None, None
-    task = make_task(args)
+    budget = args.budget
+    task = build_task(args)
     loss, step_args = pure_step_loss(task)
     result = plan(loss, *step_args, budget=budget, repeat=args.repeat)
     if args.json:

@@ -8,6 +8,7 @@ from remat.cli._common import (
     UsageError,
     add_keep_freed_memory_flag,
     apply_keep_freed_memory_flag,
+    build_task,
     print_json,
     print_table,
 )
@@ -55,12 +56,11 @@ def run(args: argparse.Namespace) -> int:
     apply_keep_freed_memory_flag(args)  # before JAX starts its threads
 
     from remat.analysis import compare_policies
-    from remat.cli._training import make_task, pure_step_loss
+    from remat.models.tasks import pure_step_loss
     from remat.planner import NONE, apply_policies, count_regions
 
     # every block is a checkpointed region; each policy is applied to all of them at trace time
-    args.policy, args.budget = None, None
-    task = make_task(args)
+    task = build_task(args)
     loss, step_args = pure_step_loss(task)
     n = count_regions(loss, *step_args)
 

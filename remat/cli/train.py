@@ -1,7 +1,9 @@
 """``remat train``: train a built-in model or your own with optax, on one device or many.
 
-The loop, the data, the sharding and save/resume live in :mod:`remat.cli._training`
-(imported only when the command runs, so ``remat --help`` stays fast).
+The task (model, data, loss) comes from :mod:`remat.models.tasks`; the loop is
+:mod:`remat.cli._train_loop`, with :mod:`remat.cli._devices` (devices, multi-process runs)
+and :mod:`remat.cli._checkpoints` (save and resume). They are imported only when the
+command runs, so ``remat --help`` stays fast.
 """
 from __future__ import annotations
 
@@ -64,8 +66,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seeds the initialisation and the data order (default 0)")
     add_keep_freed_memory_flag(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object (no progress bar, no table)")
-    # Test hook: sleep this long after every step, so a test can kill a run mid-way.
-    parser.add_argument("--step-delay", type=float, default=0.0, help=argparse.SUPPRESS)
 
 
 def validate(args: argparse.Namespace) -> None:
@@ -93,8 +93,6 @@ def validate(args: argparse.Namespace) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     if args.resume and not args.save_dir:
         raise UsageError("--resume needs --save-dir DIR (the directory an earlier run saved into)")
-    if args.step_delay < 0:
-        raise UsageError("--step-delay must not be negative")
 
 
 def _validate_distributed(args: argparse.Namespace) -> None:
@@ -119,6 +117,6 @@ def _validate_distributed(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     validate(args)
     apply_keep_freed_memory_flag(args)  # before JAX starts its threads
-    from remat.cli import _training
+    from remat.cli import _train_loop
 
-    return _training.main(args)
+    return _train_loop.main(args)

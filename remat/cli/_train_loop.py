@@ -1,0 +1,243 @@
+"""The training loop behind ``remat train``: sharded steps, saves, progress and the summary.
+
+The task (model, data, loss) comes from :mod:`remat.models.tasks`, the devices from
+:mod:`remat.cli._devices`, the saves from :mod:`remat.cli._checkpoints`. The batch is
+sharded ``PartitionSpec("data")`` along its leading axis; parameters, BatchNorm statistics
+and optimizer state are replicated (``PartitionSpec()``), and ``jax.jit`` inserts the
+gradient all-reduce. In a multi-process run every process computes the same global batch
+from ``(seed, step)`` and feeds only its rows through
+``jax.make_array_from_process_local_data``; the jitted step is the same program everywhere
+and XLA's collectives (gloo on CPU) do the gradient all-reduce. Data order is a pure
+function of ``(seed, step)``, so a resumed run's losses are bitwise the uninterrupted
+run's on CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from remat.cli._checkpoints import check_save_dir, open_saves
+from remat.cli._common import EXIT_CHECK_FAILED, EXIT_OK, UsageError, build_task, print_json, print_table
+from remat.cli._devices import device_peak_bytes, is_distributed, native_stdout_to_stderr, setup_devices
+
+DEFAULT_LR = {"sgd": 0.1, "adam": 3e-3, "adamw": 3e-3}
+
+
+def make_optimizer(name: str, lr: float) -> Any:
+    import optax
+
+    return {"sgd": optax.sgd, "adam": optax.adam, "adamw": optax.adamw}[name](lr)
+
+
+def _progress(total: int, initial: int, desc: str, disable: bool) -> Any:
+    if disable:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, initial=initial, desc=desc, unit="step", file=sys.stderr, dynamic_ncols=True,
+                mininterval=0.2)
+
+
+def write_plot(path: str, losses: list[float], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    ax.plot(np.arange(1, len(losses) + 1), losses, lw=1.5)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    if losses and all(math.isfinite(v) and v > 0 for v in losses):
+        ax.set_yscale("log")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, format="png")
+    finally:
+        plt.close(fig)
+
+
+def main(args: argparse.Namespace) -> int:
+    """``remat train``; returns the exit code (see :mod:`remat.cli.train` for the options)."""
+    if not is_distributed(args):
+        return _main(args)
+    with native_stdout_to_stderr():
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
+    t_start = time.perf_counter()
+    if args.plot:
+        parent = os.path.dirname(os.path.abspath(args.plot))
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+            raise UsageError(f"--plot {args.plot!r}: directory {parent!r} does not exist or is not writable")
+    if args.save_dir:
+        check_save_dir(args)
+
+    devices = setup_devices(args.devices, args)
+    n_dev = len(devices)
+
+    import jax
+    import optax
+    from flax import nnx
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from remat.analysis.process import current_rss_bytes, process_peak_rss_bytes
+
+    task = build_task(args, policy=args.policy, budget=args.budget)
+    if task.batch_size % n_dev:
+        raise UsageError(f"batch size {task.batch_size} does not split evenly over {n_dev} devices; "
+                         f"use a multiple of {n_dev} (--batch-size) or other --devices")
+    mesh = Mesh(np.array(devices), ("data",))
+    replicated = NamedSharding(mesh, P())
+    sharded = NamedSharding(mesh, P("data"))
+
+    lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
+    tx = make_optimizer(args.optimizer, lr)
+    graphdef, params, rest = nnx.split(task.model, nnx.Param, ...)
+    opt_state = jax.jit(tx.init)(params)  # one compilation, not one per parameter shape
+    n_params = int(sum(x.size for x in jax.tree.leaves(params)))
+    state = jax.device_put((params, rest, opt_state), replicated)
+    identity = {**task.identity, "optimizer": args.optimizer, "lr": lr, "batch_size": task.batch_size,
+                "seed": args.seed}
+
+    saver, losses, resumed_from = None, [], None
+    if args.save_dir:
+        saver, state, losses, resumed_from = open_saves(args, state, identity, replicated)
+
+    loss_of = task.loss
+
+    def train_step(state: Any, inputs: tuple, targets: Any) -> tuple[Any, Any]:
+        params, rest, opt_state = state
+        model = nnx.merge(graphdef, params, rest)
+        # nnx.value_and_grad, not jax's: it lets checkpointed NNX regions (nnx.remat under
+        # remat.checkpoint) update BatchNorm statistics of a model merged inside this trace.
+        loss, grads = nnx.value_and_grad(lambda m: loss_of(m(*inputs), inputs, targets))(model)
+        _, _, new_rest = nnx.split(model, nnx.Param, ...)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), new_rest, opt_state), loss
+
+    step_fn = jax.jit(train_step, in_shardings=(replicated, sharded, sharded),
+                      out_shardings=(replicated, replicated), donate_argnums=(0,))
+
+    n_proc, pid = jax.process_count(), jax.process_index()
+
+    def put(tree: Any) -> Any:
+        def one(x: np.ndarray) -> Any:
+            rows = x.shape[0] // n_proc
+            return jax.make_array_from_process_local_data(sharded, x[pid * rows:(pid + 1) * rows], x.shape)
+
+        return jax.tree.map(one, tree)
+
+    start = len(losses)
+    bar = _progress(args.steps, start, task.name, args.json)
+    t_first = None
+    paused = 0.0  # time spent saving, left out of steps/s
+    nonfinite_at = None
+    try:
+        for step in range(start, args.steps):
+            inputs, targets = task.batch(step)
+            state, loss = step_fn(state, put(inputs), put(targets))
+            value = float(loss)
+            losses.append(value)
+            if t_first is None:
+                t_first = time.perf_counter()
+            if nonfinite_at is None and not math.isfinite(value):
+                nonfinite_at = step + 1
+            if bar is not None:
+                bar.set_postfix_str(f"loss={value:.4f} rss={current_rss_bytes() / 2**20:.0f}MiB", refresh=False)
+                bar.update(1)
+            if saver is not None and ((step + 1) % args.every == 0 or step + 1 == args.steps):
+                t_save = time.perf_counter()
+                saver.save_state(step + 1, state, args.seed, losses, identity)
+                paused += time.perf_counter() - t_save
+        t_end = time.perf_counter()
+    finally:
+        if bar is not None:
+            bar.close()
+        if saver is not None:
+            saver.close()  # waits for the last (asynchronous) save to be complete on disk
+    ran = len(losses) - start
+    if ran > 1:
+        steps_per_s = (ran - 1) / max(t_end - t_first - paused, 1e-9)  # without the first (compiling) step
+    elif ran == 1:
+        steps_per_s = 1 / max(t_end - t_start, 1e-9)
+    else:
+        steps_per_s = None
+
+    if args.plot:
+        write_plot(args.plot, losses, f"remat train {task.name} (policy {task.policy})")
+
+    peak = process_peak_rss_bytes()  # the run's lifetime peak, compilation included
+    dev_peak = device_peak_bytes(devices)
+    result = {
+        "model": task.name,
+        "task": task.kind,
+        "data": task.data,
+        "config": identity,
+        "policy": task.policy,
+        "optimizer": args.optimizer,
+        "lr": lr,
+        "batch_size": task.batch_size,
+        "parameters": n_params,
+        "devices": n_dev,
+        "platform": devices[0].platform,
+        "processes": n_proc,
+        "steps": args.steps,
+        "resumed_from": resumed_from,
+        "steps_run": ran,
+        "losses": losses,
+        "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else None,
+        "steps_per_s": steps_per_s,
+        "wall_s": time.perf_counter() - t_start,
+        "peak_rss_mb": peak / 2**20,
+        "device_peak_bytes": dev_peak,
+        "save_dir": os.path.abspath(args.save_dir) if args.save_dir else None,
+        "saved_steps": saver.steps() if saver is not None else [],
+        "plot": os.path.abspath(args.plot) if args.plot else None,
+    }
+    if args.json:
+        print_json(result)
+    else:
+        _print_summary(result)
+    if nonfinite_at is not None:
+        print(f"remat: the loss became non-finite at step {nonfinite_at}; lower --lr", file=sys.stderr)
+        return EXIT_CHECK_FAILED
+    return EXIT_OK
+
+
+def _print_summary(result: dict[str, Any]) -> None:
+    """The table ``remat train`` prints for people (``--json`` prints ``result`` instead)."""
+    fmt = lambda v: "-" if v is None else f"{v:.4g}"  # noqa: E731
+    n_proc, resumed_from = result["processes"], result["resumed_from"]
+    rows = [
+        ["model", f"{result['model']} ({result['parameters']:,} parameters)"],
+        ["data", result["data"]],
+        ["remat policy", result["policy"]],
+        ["optimizer", f"{result['optimizer']}, lr {result['lr']:g}, batch {result['batch_size']}"],
+        ["devices", f"{result['devices']} x {result['platform']}"
+         + (f" over {n_proc} processes" if n_proc > 1 else "")],
+        ["steps", f"{result['steps']}" + (f" (resumed at {resumed_from})" if resumed_from is not None else "")],
+        ["loss", f"{fmt(result['first_loss'])} -> {fmt(result['final_loss'])}"],
+        ["steps/s", fmt(result["steps_per_s"])],
+        ["peak RSS", f"{result['peak_rss_mb']:.0f} MiB"],
+    ]
+    if result["device_peak_bytes"] is not None:
+        rows.append(["peak device memory", f"{result['device_peak_bytes'] / 2**20:.1f} MiB"])
+    if result["save_dir"] is not None:
+        rows.append(["saves", f"{result['save_dir']} (steps {', '.join(map(str, result['saved_steps']))})"])
+    if result["plot"] is not None:
+        rows.append(["loss curve", result["plot"]])
+    print_table("remat train", ["", "value"], rows)
