@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 import remat
-from remat._core.checkpoint import SCALAR_VARIANTS_WARNING
+from remat._core.regions import SCALAR_VARIANTS_WARNING
 
 
 class Counter:

@@ -30,29 +30,36 @@ plan says so and gives the smallest temp memory any candidate reached.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
-import hashlib
 import json
-import math
-import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
-
 from remat import scan as _scan
-from remat._core import hooks
-from remat._core.checkpoint import CheckpointOptions
-from remat.analysis import names_in_jaxpr
-from remat.analysis.budget import Budget, calibrate_once, rates
+from remat.analysis.budget import Budget, calibrate_once
 from remat.analysis.compiled import compiled_step
-from remat.analysis.timing import time_programs
-from remat.policies import PolicySpec, policy_name, resolve_policy
-
-NONE = "none"  # a region that is not checkpointed
-AS_WRITTEN = "as written"  # a region keeps the options the user's code gave it
+from remat.planner.programs import (  # noqa: F401  (re-exported)
+    _predicted_ms,
+    _spec_label,
+    compile_step,
+    program_fingerprint,
+    time_side_by_side,
+)
+from remat.planner.steering import (  # noqa: F401  (re-exported)
+    AS_WRITTEN,
+    NONE,
+    Binomial,
+    _common_divisors,
+    _region_policies,
+    _scan_choice,
+    _sequential_choice,
+    _sequential_segment_counts,
+    _survey,
+    apply_policies,
+    count_regions,
+    scan_depths,
+)
+from remat.policies import PolicySpec, policy_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,137 +142,6 @@ class Plan:
                          f"{c.temp_bytes / self.none_temp_bytes:>9.2f}{'yes' if c.fits else 'no':>6}"
                          f"{c.predicted_ms:>9.2f}{meas}")
         return "\n".join(lines)
-
-
-@contextlib.contextmanager
-def _region_policies(policies: Sequence[Any]) -> Iterator[list[int]]:
-    """Makes the i-th checkpointed region traced in this context use ``policies[i]``."""
-    seen = [0]
-
-    def override(opts: CheckpointOptions) -> CheckpointOptions | None:
-        i = seen[0]
-        seen[0] += 1
-        spec = policies[i] if i < len(policies) else AS_WRITTEN
-        if spec == AS_WRITTEN:
-            return opts
-        if spec == NONE:
-            return None
-        return dataclasses.replace(opts, policy=resolve_policy(spec), policy_label=policy_name(spec))
-
-    with hooks.deciding(region=override):
-        yield seen
-
-
-@dataclasses.dataclass(frozen=True)
-class Binomial:
-    """Scan groups: each scan nested by :func:`remat.scan.binomial_schedule` ``(depth, levels)``."""
-
-    levels: int
-
-    def __str__(self) -> str:
-        return f"binomial(levels={self.levels})"
-
-
-@contextlib.contextmanager
-def _scan_choice(choice: tuple[Any, Any] | None) -> Iterator[list[int]]:
-    """Makes every scan over layers traced in this context use ``choice`` ``(policy, groups)``.
-
-    ``groups``: None (flat), ``k`` equal groups, a schedule tuple, or :class:`Binomial`.
-    """
-    depths: list[int] = []
-
-    def override(depth: int, policy: Any, groups: Any) -> tuple[Any, Any]:
-        depths.append(depth)
-        if choice is None:
-            return policy, groups
-        new_policy, new_groups = choice
-        if isinstance(new_groups, Binomial):
-            schedule = _scan.binomial_schedule(depth, new_groups.levels)
-            new_groups = None if isinstance(schedule, int) else schedule
-        return (policy if new_policy == AS_WRITTEN else new_policy), new_groups
-
-    with hooks.deciding(scan=override):
-        yield depths
-
-
-@contextlib.contextmanager
-def _sequential_choice(segments: int | None) -> Iterator[list[int]]:
-    """Makes every ``checkpoint_sequential`` traced here use ``segments`` (at most its length)."""
-    lengths: list[int] = []
-
-    def override(num_functions: int, as_written: int) -> int:
-        lengths.append(num_functions)
-        return as_written if segments is None else min(segments, num_functions)
-
-    with hooks.deciding(sequential=override):
-        yield lengths
-
-
-def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
-                   scan: tuple[Any, Any] | None = None,
-                   sequential: int | None = None) -> Callable[..., Any]:
-    """``step_fn`` whose i-th checkpointed region uses ``policies[i]`` (``"none"``: no checkpoint).
-
-    ``scan=(policy, groups)`` also re-decides every :func:`remat.scan.scan_layers` in the
-    step: its per-layer policy (``"none"``: no checkpoint) and ``groups`` checkpointed
-    groups (None: one flat scan). ``sequential=k`` runs every
-    :func:`remat.checkpoint_sequential` with ``k`` segments (at most its length; the
-    regions it makes keep the options written).
-    """
-    policies = tuple(policies)
-
-    def planned(*args: Any, **kwargs: Any) -> Any:
-        with _region_policies(policies), _scan_choice(scan), _sequential_choice(sequential):
-            return step_fn(*args, **kwargs)
-
-    planned.__name__ = getattr(step_fn, "__name__", "step")
-    return planned
-
-
-def count_regions(step_fn: Callable[..., Any], *args: Any) -> int:
-    """How many checkpointed regions one trace of ``step_fn(*args)`` goes through."""
-    return _survey(step_fn, *args).regions
-
-
-def scan_depths(step_fn: Callable[..., Any], *args: Any) -> list[int]:
-    """The depth of every scan over layers one trace of ``step_fn(*args)`` runs."""
-    return _survey(step_fn, *args).scan_depths
-
-
-@dataclasses.dataclass(frozen=True)
-class _Survey:
-    """What one trace of the step goes through."""
-
-    regions: int  # checkpointed regions (checkpoint_sequential's segments among them)
-    scan_depths: list[int]  # the depth of every scan over layers
-    sequential_lengths: list[int]  # the number of functions of every checkpoint_sequential
-    names: list[str]  # the checkpoint_name tags
-
-
-def _survey(step_fn: Callable[..., Any], *args: Any) -> _Survey:
-    with _region_policies(()) as seen, _scan_choice(None) as depths, _sequential_choice(None) as lengths:
-        # a fresh function each time: JAX caches traces per function, and a cached trace
-        # would not run the Python code whose regions are being counted
-        jaxpr = jax.make_jaxpr(lambda *a: step_fn(*a))(*args)
-    return _Survey(seen[0], depths, lengths, names_in_jaxpr(jaxpr))
-
-
-def _sequential_segment_counts(lengths: Sequence[int]) -> list[int]:
-    """Segment counts to try for checkpoint_sequential calls of these lengths.
-
-    2 (one checkpointed half), about sqrt(n) (Chen et al.'s anchor), n / 2 and n (every
-    function its own checkpointed segment but the last), for the longest call.
-    """
-    n = max(lengths)
-    return sorted({k for k in (2, 3, 4, round(math.sqrt(n)), n // 2, n) if 2 <= k <= n})
-
-
-def _common_divisors(depths: Sequence[int]) -> list[int]:
-    """Group counts that divide every scan's depth, excluding 1 and the depth itself."""
-    g = 0
-    for d in depths:
-        g = math.gcd(g, d)
-    return [k for k in range(2, g) if g % k == 0]
 
 
 def plan(
@@ -396,53 +272,3 @@ def _smallest_prefix(evaluate: Callable[[int], Candidate], n: int, limit: int) -
         else:
             lo = mid + 1
     return best
-
-
-def _predicted_ms(compiled: Any) -> float:
-    """Step time from XLA's cost analysis at the rates of :func:`remat.analysis.budget.calibrate`."""
-    rate = rates()
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    flops = float(cost.get("flops", 0.0)) if cost else 0.0
-    moved = float(cost.get("bytes accessed", 0.0)) if cost else 0.0
-    return 1e3 * (flops / rate["flops_per_s"] + moved / rate["bytes_per_s"])
-
-
-_HLO_METADATA_SECTIONS = {"FileNames", "FunctionNames", "FileLocations", "StackFrames"}
-
-
-def program_fingerprint(compiled: Any) -> str:
-    """A hash of a compiled step's optimized HLO, without source locations.
-
-    Two candidates with the same fingerprint run the same program; only the Python lines
-    that traced them (kept in the HLO's metadata) differ.
-    """
-    kept, skipping = [], False
-    for line in compiled.as_text().splitlines():
-        if line in _HLO_METADATA_SECTIONS:
-            skipping = True
-            continue
-        if skipping and (not line or line[0].isdigit() or line[0].isspace()):
-            continue
-        skipping = False
-        kept.append(re.sub(r",? ?metadata=\{[^}]*\}|,? ?stack_frame_id=\d+", "", line))
-    return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:16]
-
-
-def compile_step(fn: Callable[..., Any], args: tuple, argnums: Any = 0) -> Any:
-    """``jax.jit(jax.grad(fn, argnums))`` compiled for ``args``: the executable of
-    :func:`remat.analysis.compiled.compiled_step`."""
-    return compiled_step(fn, *args, argnums=argnums).executable
-
-
-def time_side_by_side(steps: list[Callable[..., Any]], args: tuple, repeat: int) -> list[float]:
-    """Median ms of each compiled step called with ``args``, timed in interleaved rounds.
-
-    :func:`remat.analysis.timing.time_programs` (one warm-up call each, then ``repeat``
-    rounds whose order rotates), for steps that all take the same arguments.
-    """
-    return time_programs([functools.partial(s, *args) for s in steps], rounds=repeat).medians_ms()
-
-
-def _spec_label(p: Any) -> str:
-    return p if isinstance(p, str) else policy_name(p)

@@ -1,0 +1,63 @@
+"""Compiled candidate programs: their fingerprint, predicted time, and timing side by side."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from collections.abc import Callable
+from typing import Any
+
+from remat.analysis.budget import rates
+from remat.analysis.compiled import compiled_step
+from remat.analysis.timing import time_programs
+from remat.policies import policy_name
+
+
+def _predicted_ms(compiled: Any) -> float:
+    """Step time from XLA's cost analysis at the rates of :func:`remat.analysis.budget.calibrate`."""
+    rate = rates()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    flops = float(cost.get("flops", 0.0)) if cost else 0.0
+    moved = float(cost.get("bytes accessed", 0.0)) if cost else 0.0
+    return 1e3 * (flops / rate["flops_per_s"] + moved / rate["bytes_per_s"])
+
+
+_HLO_METADATA_SECTIONS = {"FileNames", "FunctionNames", "FileLocations", "StackFrames"}
+
+
+def program_fingerprint(compiled: Any) -> str:
+    """A hash of a compiled step's optimized HLO, without source locations.
+
+    Two candidates with the same fingerprint run the same program; only the Python lines
+    that traced them (kept in the HLO's metadata) differ.
+    """
+    kept, skipping = [], False
+    for line in compiled.as_text().splitlines():
+        if line in _HLO_METADATA_SECTIONS:
+            skipping = True
+            continue
+        if skipping and (not line or line[0].isdigit() or line[0].isspace()):
+            continue
+        skipping = False
+        kept.append(re.sub(r",? ?metadata=\{[^}]*\}|,? ?stack_frame_id=\d+", "", line))
+    return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:16]
+
+
+def compile_step(fn: Callable[..., Any], args: tuple, argnums: Any = 0) -> Any:
+    """``jax.jit(jax.grad(fn, argnums))`` compiled for ``args``: the executable of
+    :func:`remat.analysis.compiled.compiled_step`."""
+    return compiled_step(fn, *args, argnums=argnums).executable
+
+
+def time_side_by_side(steps: list[Callable[..., Any]], args: tuple, repeat: int) -> list[float]:
+    """Median ms of each compiled step called with ``args``, timed in interleaved rounds.
+
+    :func:`remat.analysis.timing.time_programs` (one warm-up call each, then ``repeat``
+    rounds whose order rotates), for steps that all take the same arguments.
+    """
+    return time_programs([functools.partial(s, *args) for s in steps], rounds=repeat).medians_ms()
+
+
+def _spec_label(p: Any) -> str:
+    return p if isinstance(p, str) else policy_name(p)

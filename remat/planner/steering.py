@@ -1,0 +1,150 @@
+"""Steering a traced step: which regions, scans and sequentials a candidate plan changes, and how."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+
+from remat import scan as _scan
+from remat._core import hooks
+from remat._core.checkpoint import CheckpointOptions
+from remat.analysis import names_in_jaxpr
+from remat.policies import policy_name, resolve_policy
+
+NONE = "none"  # a region that is not checkpointed
+AS_WRITTEN = "as written"  # a region keeps the options the user's code gave it
+
+
+@contextlib.contextmanager
+def _region_policies(policies: Sequence[Any]) -> Iterator[list[int]]:
+    """Makes the i-th checkpointed region traced in this context use ``policies[i]``."""
+    seen = [0]
+
+    def override(opts: CheckpointOptions) -> CheckpointOptions | None:
+        i = seen[0]
+        seen[0] += 1
+        spec = policies[i] if i < len(policies) else AS_WRITTEN
+        if spec == AS_WRITTEN:
+            return opts
+        if spec == NONE:
+            return None
+        return dataclasses.replace(opts, policy=resolve_policy(spec), policy_label=policy_name(spec))
+
+    with hooks.deciding(region=override):
+        yield seen
+
+
+@dataclasses.dataclass(frozen=True)
+class Binomial:
+    """Scan groups: each scan nested by :func:`remat.scan.binomial_schedule` ``(depth, levels)``."""
+
+    levels: int
+
+    def __str__(self) -> str:
+        return f"binomial(levels={self.levels})"
+
+
+@contextlib.contextmanager
+def _scan_choice(choice: tuple[Any, Any] | None) -> Iterator[list[int]]:
+    """Makes every scan over layers traced in this context use ``choice`` ``(policy, groups)``.
+
+    ``groups``: None (flat), ``k`` equal groups, a schedule tuple, or :class:`Binomial`.
+    """
+    depths: list[int] = []
+
+    def override(depth: int, policy: Any, groups: Any) -> tuple[Any, Any]:
+        depths.append(depth)
+        if choice is None:
+            return policy, groups
+        new_policy, new_groups = choice
+        if isinstance(new_groups, Binomial):
+            schedule = _scan.binomial_schedule(depth, new_groups.levels)
+            new_groups = None if isinstance(schedule, int) else schedule
+        return (policy if new_policy == AS_WRITTEN else new_policy), new_groups
+
+    with hooks.deciding(scan=override):
+        yield depths
+
+
+@contextlib.contextmanager
+def _sequential_choice(segments: int | None) -> Iterator[list[int]]:
+    """Makes every ``checkpoint_sequential`` traced here use ``segments`` (at most its length)."""
+    lengths: list[int] = []
+
+    def override(num_functions: int, as_written: int) -> int:
+        lengths.append(num_functions)
+        return as_written if segments is None else min(segments, num_functions)
+
+    with hooks.deciding(sequential=override):
+        yield lengths
+
+
+def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
+                   scan: tuple[Any, Any] | None = None,
+                   sequential: int | None = None) -> Callable[..., Any]:
+    """``step_fn`` whose i-th checkpointed region uses ``policies[i]`` (``"none"``: no checkpoint).
+
+    ``scan=(policy, groups)`` also re-decides every :func:`remat.scan.scan_layers` in the
+    step: its per-layer policy (``"none"``: no checkpoint) and ``groups`` checkpointed
+    groups (None: one flat scan). ``sequential=k`` runs every
+    :func:`remat.checkpoint_sequential` with ``k`` segments (at most its length; the
+    regions it makes keep the options written).
+    """
+    policies = tuple(policies)
+
+    def planned(*args: Any, **kwargs: Any) -> Any:
+        with _region_policies(policies), _scan_choice(scan), _sequential_choice(sequential):
+            return step_fn(*args, **kwargs)
+
+    planned.__name__ = getattr(step_fn, "__name__", "step")
+    return planned
+
+
+def count_regions(step_fn: Callable[..., Any], *args: Any) -> int:
+    """How many checkpointed regions one trace of ``step_fn(*args)`` goes through."""
+    return _survey(step_fn, *args).regions
+
+
+def scan_depths(step_fn: Callable[..., Any], *args: Any) -> list[int]:
+    """The depth of every scan over layers one trace of ``step_fn(*args)`` runs."""
+    return _survey(step_fn, *args).scan_depths
+
+
+@dataclasses.dataclass(frozen=True)
+class _Survey:
+    """What one trace of the step goes through."""
+
+    regions: int  # checkpointed regions (checkpoint_sequential's segments among them)
+    scan_depths: list[int]  # the depth of every scan over layers
+    sequential_lengths: list[int]  # the number of functions of every checkpoint_sequential
+    names: list[str]  # the checkpoint_name tags
+
+
+def _survey(step_fn: Callable[..., Any], *args: Any) -> _Survey:
+    with _region_policies(()) as seen, _scan_choice(None) as depths, _sequential_choice(None) as lengths:
+        # a fresh function each time: JAX caches traces per function, and a cached trace
+        # would not run the Python code whose regions are being counted
+        jaxpr = jax.make_jaxpr(lambda *a: step_fn(*a))(*args)
+    return _Survey(seen[0], depths, lengths, names_in_jaxpr(jaxpr))
+
+
+def _sequential_segment_counts(lengths: Sequence[int]) -> list[int]:
+    """Segment counts to try for checkpoint_sequential calls of these lengths.
+
+    2 (one checkpointed half), about sqrt(n) (Chen et al.'s anchor), n / 2 and n (every
+    function its own checkpointed segment but the last), for the longest call.
+    """
+    n = max(lengths)
+    return sorted({k for k in (2, 3, 4, round(math.sqrt(n)), n // 2, n) if 2 <= k <= n})
+
+
+def _common_divisors(depths: Sequence[int]) -> list[int]:
+    """Group counts that divide every scan's depth, excluding 1 and the depth itself."""
+    g = 0
+    for d in depths:
+        g = math.gcd(g, d)
+    return [k for k in range(2, g) if g % k == 0]
