@@ -18,7 +18,7 @@ from typing import Any, Union
 
 import remat
 from remat.analysis.budget import Budget
-from remat.policies import NAMED_POLICIES
+from remat.policies import NAMED_POLICIES, is_no_checkpoint
 
 BlocksSpec = Union[str, Iterable[int]]
 
@@ -58,6 +58,10 @@ class RematSettings:
                 ) from None
             object.__setattr__(self, "blocks", blocks)
         policy = self.policy
+        if is_no_checkpoint(policy):  # policy=NO_CHECKPOINT: the same as blocks="none"
+            object.__setattr__(self, "blocks", "none")
+            object.__setattr__(self, "policy", None)
+            return
         if isinstance(policy, str):
             if policy != NAMES and policy not in NAMED_POLICIES:
                 valid = ", ".join(map(repr, [*NAMED_POLICIES, NAMES]))

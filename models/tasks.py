@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from remat._names import is_no_checkpoint
 from remat.models import MODELS, ModelEntry, RematSettings, call_factory, is_factory_spec, load_factory
 from remat.models.datasets import CORPUS, char_batches, image_batches, load_corpus, regression_batches
 
@@ -116,7 +117,7 @@ def remat_settings(policy: str | None = None, budget: float | None = None) -> tu
 
     Args:
       policy: ``None`` or ``"nothing"`` (save only the block inputs, as
-        ``torch.utils.checkpoint``), ``"none"`` (no checkpoint), or another named policy.
+        ``torch.utils.checkpoint``), ``"no_checkpoint"`` (or ``"none"``: no checkpoint), or another named policy.
       budget: instead of ``policy``: keep at most this fraction of the activations
         (:func:`remat.residual_budget`).
     """
@@ -128,8 +129,8 @@ def remat_settings(policy: str | None = None, budget: float | None = None) -> tu
         except (TypeError, ValueError) as e:
             raise TaskError(f"budget {budget}: {e}", ["budget"]) from None
         return settings, f"budget({budget})"
-    if policy == "none":
-        return RematSettings.none(), "none (no checkpoint)"
+    if is_no_checkpoint(policy):
+        return RematSettings.none(), f"{policy} (no checkpoint)"
     try:
         settings = RematSettings(policy=None if policy in (None, "nothing") else policy)
     except (TypeError, ValueError) as e:

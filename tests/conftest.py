@@ -19,25 +19,60 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-from jax._src.ad_checkpoint import saved_residuals
 
 import remat  # noqa: F401  (every test, the upstream ports included, runs with remat imported)
+from remat.analysis import saved_residuals
 
 REMAT_PRIMITIVES = ("checkpoint", "remat", "remat2")
 REMAT_DIR = os.path.dirname(os.path.abspath(remat.__file__))
 
 
+class _Aval:
+    """The shape, dtype and memory space of one residual, printed as JAX prints an aval
+    (``float32<host>[2,3,4]`` for an offloaded one)."""
+
+    __slots__ = ("shape", "dtype", "nbytes", "memory_space")
+
+    def __init__(self, shape: tuple[int, ...], dtype: str, nbytes: int, memory_space: str | None):
+        self.shape, self.dtype, self.nbytes, self.memory_space = shape, dtype, nbytes, memory_space
+
+    def __repr__(self) -> str:
+        space = f"<{self.memory_space}>" if self.memory_space else ""
+        return f"{self.dtype}{space}[{','.join(map(str, self.shape))}]"
+
+
+def _description(r: Any) -> str:
+    """The residual's source in the words of ``jax.ad_checkpoint.print_saved_residuals``."""
+    if r.kind == "literal":
+        return "from a literal"
+    if r.kind == "constant":
+        return "from a constant"
+    if r.is_argument:
+        return f"from the argument {r.argument}"
+    if r.name is not None:
+        return f"named '{r.name}' from {r.source}"
+    prim = r.primitive or "?"
+    if prim.startswith("jit(") and prim.endswith(")"):
+        return f"output of jitted function '{prim[4:-1]}' from {r.source}"
+    return f"output of {prim} from {r.source}"
+
+
 def residuals(f: Callable[..., Any], *args: Any) -> list[tuple[Any, str]]:
-    """``(aval, description)`` for every value the backward pass of ``f(*args)`` keeps."""
-    return saved_residuals(f, *args)
+    """``(aval, description)`` for every value the backward pass of ``f(*args)`` keeps.
+
+    Read from :func:`remat.analysis.saved_residuals`; ``aval`` has ``shape``, ``dtype`` (a
+    name), ``nbytes`` and ``memory_space``, and ``description`` is worded as JAX's
+    ``print_saved_residuals``.
+    """
+    return [(_Aval(r.shape, r.dtype, r.nbytes, r.memory_space), _description(r)) for r in saved_residuals(f, *args)]
 
 
 def num_residuals(f: Callable[..., Any], *args: Any) -> int:
-    return len(residuals(f, *args))
+    return len(saved_residuals(f, *args))
 
 
 def residual_bytes(f: Callable[..., Any], *args: Any) -> int:
-    return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a, _ in residuals(f, *args))
+    return saved_residuals(f, *args).total_bytes
 
 
 def nonarg_residuals(f: Callable[..., Any], *args: Any) -> list[tuple[Any, str]]:

@@ -146,7 +146,9 @@ def test_rename_mapping_and_function():
 
 # --- compare_gradients -----------------------------------------------------------------
 
-@pytest.mark.parametrize("name", list(MODELS))
+# the transformer (the slowest) with the slow cases; its policies are checked by the command below
+@pytest.mark.parametrize("name", [n if n != "transformer" else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in MODELS])
 def test_every_model_float32(built, name):
     report = compare_gradients(*built[name])
     assert report.ok, str(report)
@@ -160,7 +162,9 @@ def test_every_model_float32(built, name):
         assert {r.mode for r in report.rows} == {"init", "train", "eval"} and "buffer" in kinds
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+# the small models fast; the CNN and the transformer in float64 with the slow cases
+@pytest.mark.parametrize("name", [n if n not in ("cnn", "transformer") else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in MODELS])
 def test_every_model_float64_is_tight(built, name):
     report = compare_gradients(*built[name], dtype="float64")
     assert report.ok and report.rtol == 1e-10, str(report)
@@ -248,7 +252,9 @@ def test_cli_builtin_and_json(capsys):
     assert "PASS" in out and "blocks 0" in out
 
 
-@pytest.mark.parametrize("policy", ["nothing", "everything", "dots", "dots_no_batch", "names", "none"])
+# "names" (the transformer tags its blocks) fast, the other policies slow
+@pytest.mark.parametrize("policy", [p if p == "names" else pytest.param(p, marks=pytest.mark.slow)
+                                    for p in ["nothing", "everything", "dots", "dots_no_batch", "names", "none"]])
 def test_cli_every_policy_on_the_transformer(policy, capsys):
     assert main(["crosscheck", "transformer", "--policy", policy, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"]
@@ -262,6 +268,7 @@ def test_cli_full_matrix(name, policy, dtype, capsys):
     assert main(["crosscheck", name, "--policy", policy, "--dtype", dtype, "--json"]) == 0, capsys.readouterr().out
 
 
+@pytest.mark.slow  # test_cli_user_factory trains through the command in the fast suite
 def test_cli_training(capsys):
     assert main(["crosscheck", "cnn", "--steps", "2", "--optimizer", "sgd", "--dtype", "float64", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -338,10 +345,10 @@ def test_cli_user_factory(tmp_path, capsys):
     assert "FAIL" in capsys.readouterr().out
 
 
-def test_cli_constants_agree_with_the_library():
+def test_cli_offers_the_library_names():
     from remat.cli import crosscheck as cli
     from remat.crosscheck import OPTIMIZERS
-    from remat.policies import NAMED_POLICIES
+    from remat.policies import NO_CHECKPOINT, POLICY_NAMES
 
-    assert cli.OPTIMIZERS == OPTIMIZERS
-    assert set(cli.POLICIES) == {*NAMED_POLICIES, "names", "none"}
+    assert cli.OPTIMIZERS is OPTIMIZERS  # one list, in remat._names
+    assert set(POLICY_NAMES) <= set(cli.POLICIES) and NO_CHECKPOINT in cli.POLICIES

@@ -103,11 +103,18 @@ def _check_nnx_form(form, jit):
     assert_trees_close(nnx.state(m1, nnx.RngState), nnx.state(m0, nnx.RngState))
 
 
-@pytest.mark.parametrize("form", NNX_FORMS)
+# a module and a closure over self fast; every form is in test_nnx_forms_rematerialize (and the
+# method form in test_nnx_dropout_is_active), the rest of this matrix is slow
+@pytest.mark.parametrize("form", [
+    f if f in ("submodule", "closure") else pytest.param(f, marks=pytest.mark.slow) for f in NNX_FORMS
+])
 def test_nnx_forms_gradients_dropout_and_batch_stats(form):
     _check_nnx_form(form, jit=True)
 
 
+# slow (op by op); eager checkpoints in the fast suite: test_nnx_rngs_passed_as_argument,
+# test_nnx_nested_checkpoints, test_nnx_partial_of_bound_method
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["method", "closure"])
 def test_nnx_forms_eager(form):
     _check_nnx_form(form, jit=False)
@@ -174,6 +181,7 @@ def test_nnx_rngs_passed_as_argument():
     assert_trees_close(g2, g0)
 
 
+@pytest.mark.slow
 def test_nnx_train_step_with_optimizer_matches_plain():
     def train(form):
         model = NNXBlock(form, nnx.Rngs(0, dropout=1), dropout=0.2)
@@ -292,7 +300,9 @@ def _linen_loss(form, **kw):
     return loss
 
 
-@pytest.mark.parametrize("form", LINEN_FORMS)
+# the submodule fast (the method form: test_linen_dropout_is_active, test_linen_policy); the rest slow
+@pytest.mark.parametrize("form", [f if f == "submodule" else pytest.param(f, marks=pytest.mark.slow)
+                                  for f in LINEN_FORMS])
 def test_linen_forms(form, linen_params):
     # same parameter tree
     p1 = LinenBlock(form).init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, X)
@@ -418,6 +428,7 @@ def test_linen_class_traces_python_bools_like_nn_remat():
         nn.remat(TrainMLP)().init(jax.random.key(0), X, False)
 
 
+@pytest.mark.slow
 def test_linen_class_static_argnums_count_self_like_nn_remat():
     """static_argnums=(2,) is `train` in both: self is position 0."""
     Ck = checkpoint(TrainMLP, static_argnums=(2,))

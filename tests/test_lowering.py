@@ -77,6 +77,7 @@ def test_checkpoint_inside_scan_runs_with_remat_imported():
         assert jnp.allclose(jnp.array(eager), jnp.array(expected))
 
 
+@pytest.mark.slow  # a fresh interpreter compiling twice; the upstream import-safety corpus runs in the fast suite
 def test_programs_without_remat_regions_lower_identically():
     """jax.checkpoint code and plain code lower to the same text before and after remat's rule."""
     out = run_py("""
@@ -160,6 +161,7 @@ XLA_CPU_HOISTS = ("XLA:CPU deletes opt-barrier before scheduling, so jax.checkpo
                   "hoisted into the forward pass (README, 'For XLA upstream', finding 1; not yet reported)")
 
 
+@pytest.mark.slow  # measures the table again, for an expected failure
 @pytest.mark.xfail(strict=False, reason=XLA_CPU_HOISTS)
 def test_canary_jax_checkpoint_saves_memory_on_xla_cpu():
     """Passes the day XLA keeps jax.checkpoint's barrier on CPU; until then an expected failure."""
@@ -186,6 +188,7 @@ def test_conditional_inside_loops_and_cond():
         assert jnp.allclose(jax.jit(jax.grad(p_ck))(x), jax.grad(p_plain)(x), atol=1e-6), name
 
 
+@pytest.mark.slow  # fast: the import-safety corpus (upstream/test_jax_remat.py), jax.checkpoint in scan and loops
 def test_flax_remat_inside_flax_scans_with_remat_lowering_installed():
     """nnx.remat in nnx.scan and nn.remat in nn.scan, with and without prevent_cse: remat
     changes nothing for them, also once its lowering is installed."""

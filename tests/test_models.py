@@ -78,6 +78,7 @@ def test_jax_block_is_a_plain_call_when_not_selected():
 
 # --- without torch ---------------------------------------------------------------------
 
+@pytest.mark.slow  # test_import_remat_does_not_import_torch is the fast check, in a fresh interpreter too
 def test_models_and_remat_import_without_torch():
     r = _run_python("""
         import sys
@@ -104,8 +105,10 @@ def test_import_remat_does_not_import_torch():
 
 # --- every model: twin and NNX model agree ---------------------------------------------
 
+# the transformer slow: `remat crosscheck transformer` (test_crosscheck.py) compares its outputs
 @needs_torch
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", [n if n != "transformer" else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in MODELS])
 def test_twin_outputs_match(name):
     import torch
 
@@ -123,7 +126,8 @@ def test_twin_outputs_match(name):
 @needs_torch
 @pytest.mark.parametrize("config", [
     mlp.MLPConfig(activation="gelu"), mlp.MLPConfig(activation="tanh", depth=3),
-    transformer.TransformerConfig(fused_qkv=False), cnn.CNNConfig(pool="avg", channels=(4,)),
+    pytest.param(transformer.TransformerConfig(fused_qkv=False), marks=pytest.mark.slow),
+    cnn.CNNConfig(pool="avg", channels=(4,)),
 ], ids=["mlp-gelu", "mlp-tanh", "transformer-separate-qkv", "cnn-avgpool"])
 def test_variants_match(config):
     import torch
@@ -162,6 +166,9 @@ def _plain_transformer_grads():
     return _grads(model, ids)
 
 
+# slow: test_crosscheck.py's `remat crosscheck transformer --policy names` checks a policy's
+# gradients on the transformer (against PyTorch) in the fast suite
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", [None, "everything", "dots", "dots_no_batch", "names"])
 def test_transformer_policies_give_the_same_gradients(policy):
     ids = jnp.asarray(transformer.example_inputs(_TCFG)[0])
@@ -175,7 +182,9 @@ def test_names_policy_saves_the_tagged_values():
     ids = jnp.asarray(transformer.example_inputs(_TCFG)[0])
 
     def saved(settings):
-        model = transformer.Transformer(dataclasses.replace(_TCFG, remat=settings), rngs=nnx.Rngs(0))
+        # abstract parameters (only traced): no initialisation to run
+        model = nnx.eval_shape(lambda: transformer.Transformer(dataclasses.replace(_TCFG, remat=settings),
+                                                               rngs=nnx.Rngs(0)))
         graphdef, state = nnx.split(model)
         return " ".join(d for _, d in residuals(lambda s: jnp.sum(nnx.merge(graphdef, s)(ids)), state))
 
@@ -192,17 +201,21 @@ def test_block_lists_work_with_checkpoint_sequential():
     def seq(m, k):
         return jnp.sum(remat.checkpoint_sequential(m.blocks, k, x))
 
-    _assert_trees_close(nnx.grad(lambda m: seq(m, 1))(model), nnx.grad(lambda m: seq(m, 2))(model))
+    # compiled (nnx.jit): op by op, the transformer alone takes seconds
+    _assert_trees_close(nnx.jit(nnx.grad(lambda m: seq(m, 1)))(model), nnx.jit(nnx.grad(lambda m: seq(m, 2)))(model))
     assert isinstance(model.blocks, list)
 
     tcfg = transformer.TransformerConfig(depth=4, remat=RematSettings.none())
     tm = transformer.Transformer(tcfg, rngs=nnx.Rngs(0))
     h = tm.embed(jnp.asarray(transformer.example_inputs(tcfg)[0]))
-    a = remat.checkpoint_sequential(tm.blocks, 2, h)
-    b = h
-    for block in tm.blocks:
-        b = block(b)
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+
+    def loop(tm, b):
+        for block in tm.blocks:
+            b = block(b)
+        return b
+
+    a = nnx.jit(lambda tm, h: remat.checkpoint_sequential(tm.blocks, 2, h))(tm, h)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(nnx.jit(loop)(tm, h)), rtol=1e-6, atol=1e-6)
 
 
 @needs_torch

@@ -60,20 +60,35 @@ def unrolled(params, x):
     return x
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("nesting", NESTING)
+# Each nesting once in the fast suite, with a different policy; the rest of the matrix is slow.
+FAST_PURE = {("flat", "None"), ("nested", "dots"), ("segments2", "names")}
+PURE_CASES = [
+    pytest.param(p.values[0], n.values[0], id=f"{n.id}-{p.id}",
+                 marks=() if (n.id, p.id) in FAST_PURE else pytest.mark.slow)
+    for n in NESTING for p in POLICIES
+]
+
+
+@pytest.mark.parametrize("policy,nesting", PURE_CASES)
 def test_pure_gradients_equal_unrolled(policy, nesting):
     assert_scan_matches_unrolled(4, policy, nesting)
+
+
+@functools.lru_cache(maxsize=None)
+def _unrolled_value_and_grads(depth):
+    """The Python loop's value and gradients: the same for every policy and nesting."""
+    params, x = stacked(depth), jax.random.normal(jax.random.PRNGKey(1), (3, 8))
+    ref_loss = lambda p, x: jnp.sum(jnp.sin(unrolled(p, x)))  # noqa: E731
+    return jax.jit(jax.value_and_grad(ref_loss, (0, 1)))(params, x)
 
 
 def assert_scan_matches_unrolled(depth, policy, nesting):
     """Value and gradients of scan_layers equal the Python loop's (also used by test_scan_schedules)."""
     params, x = stacked(depth), jax.random.normal(jax.random.PRNGKey(1), (3, 8))
-    ref_loss = lambda p, x: jnp.sum(jnp.sin(unrolled(p, x)))  # noqa: E731
     loss = lambda p, x: jnp.sum(jnp.sin(scan_layers(layer, p, x, policy=policy, **nesting)))  # noqa: E731
     # One jit per side: eager scans would compile every piece separately (slow).
     value, grads = jax.jit(jax.value_and_grad(loss, (0, 1)))(params, x)
-    ref_value, ref_grads = jax.jit(jax.value_and_grad(ref_loss, (0, 1)))(params, x)
+    ref_value, ref_grads = _unrolled_value_and_grads(depth)
     np.testing.assert_allclose(value, ref_value, rtol=1e-5)
     assert_trees_close(grads, ref_grads)
 
@@ -165,6 +180,7 @@ def test_nested_memory_grows_like_sqrt_depth():
     assert nested[16] < 0.75 * flat[16], (nested, flat)
 
 
+@pytest.mark.slow
 def test_nested_program_size_flat_in_depth():
     """One compiled layer whatever the depth: the optimized HLO does not grow with it
     (a structural stand-in for "compile time is flat in depth", which wall clocks measure
@@ -204,7 +220,13 @@ def _nnx_unrolled(layers, x, depth):
     return x
 
 
-@pytest.mark.parametrize("policy,nesting", [("nothing", {}), ("dots", {}), ("none", {}), ("nothing", {"segments": 2})])
+# the flat scan fast (test_scan_schedules has the grouped ones), the other cases slow
+@pytest.mark.parametrize("policy,nesting", [
+    pytest.param("nothing", {}, id="nothing-nesting0"),
+    pytest.param("dots", {}, id="dots-nesting1", marks=pytest.mark.slow),
+    pytest.param("none", {}, id="none-nesting2", marks=pytest.mark.slow),
+    pytest.param("nothing", {"segments": 2}, id="nothing-nesting3", marks=pytest.mark.slow),
+])
 def test_nnx_gradients_equal_unrolled(policy, nesting):
     from flax import nnx
 
@@ -261,7 +283,13 @@ def _linen_block():
     return Block
 
 
-@pytest.mark.parametrize("policy,nesting", [("nothing", {}), ("dots", {}), ("none", {}), ("nothing", {"segments": 2})])
+# grouped fast (the flat scan: test_nnx_gradients_equal_unrolled); the other cases slow
+@pytest.mark.parametrize("policy,nesting", [
+    pytest.param("nothing", {}, id="nothing-nesting0", marks=pytest.mark.slow),
+    pytest.param("dots", {}, id="dots-nesting1", marks=pytest.mark.slow),
+    pytest.param("none", {}, id="none-nesting2", marks=pytest.mark.slow),
+    pytest.param("nothing", {"segments": 2}, id="nothing-nesting3"),
+])
 def test_linen_gradients_equal_unrolled(policy, nesting):
     Block = _linen_block()
     model = LinenScanLayers(Block, depth=4, layer_kwargs={"features": 8}, policy=policy, **nesting)
@@ -285,11 +313,13 @@ def test_linen_gradients_equal_unrolled(policy, nesting):
             x = block.apply({"params": jax.tree.map(lambda a, i=i: a[i], layer_params)}, x)
         return jnp.sum(x ** 2)
 
-    np.testing.assert_allclose(loss(variables["params"], x), ref_loss(flat_layers, x), rtol=1e-5)
-    g = jax.grad(loss)(variables["params"], x)
+    # One jit per side: eager scans would compile every piece separately (slow).
+    value, g = jax.jit(jax.value_and_grad(loss))(variables["params"], x)
+    ref_value, ref_g = jax.jit(jax.value_and_grad(ref_loss))(flat_layers, x)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-5)
     g_layers = g[top]["layers"] if nesting else g["layers"]
     g_layers = jax.tree.map(lambda a: a.reshape(4, *a.shape[2:]) if nesting else a, g_layers)
-    assert_trees_close(g_layers, jax.grad(ref_loss)(flat_layers, x))
+    assert_trees_close(g_layers, ref_g)
 
 
 def test_linen_bad_segments():

@@ -35,15 +35,15 @@ from remat.scan import (
 
 SCHEDULES_8 = [
     pytest.param({"segments": (8,)}, id="(8,)", marks=pytest.mark.slow),
-    pytest.param({"segments": (5, 2, 1)}, id="(5,2,1)"),
+    pytest.param({"segments": (5, 2, 1)}, id="(5,2,1)", marks=pytest.mark.slow),
     pytest.param({"segments": (4, 4)}, id="(4,4)", marks=pytest.mark.slow),
     pytest.param({"segments": (3, 3, 2)}, id="(3,3,2)", marks=pytest.mark.slow),
-    pytest.param({"segments": ((3, 2), (2, 1))}, id="((3,2),(2,1))"),
+    pytest.param({"segments": ((3, 2), (2, 1))}, id="((3,2),(2,1))", marks=pytest.mark.slow),
     pytest.param({"segments": ((2, 1), (2, 1), 1, 1)}, id="((2,1),(2,1),1,1)", marks=pytest.mark.slow),
     pytest.param({"segments": (((2, 1), 1), (2, 1), 1)}, id="3-levels"),
     pytest.param({"segments": [1] * 8}, id="list-of-1", marks=pytest.mark.slow),
     pytest.param({"levels": 1}, id="levels1", marks=pytest.mark.slow),
-    pytest.param({"levels": 2}, id="levels2"),
+    pytest.param({"levels": 2}, id="levels2", marks=pytest.mark.slow),
 ]
 
 
@@ -145,7 +145,8 @@ def test_bad_schedules_are_one_line_value_errors():
 # ----------------------------------------------------------------------------- values
 
 
-# "nothing" on every form in the fast suite; the other policies with the slow cases
+# "nothing" on a 3-level schedule (unequal children, lone layers) in the fast suite; the
+# other forms and policies with the slow cases
 @pytest.mark.parametrize("policy", ["nothing", pytest.param("dots", marks=pytest.mark.slow),
                                     pytest.param("none", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("nesting", SCHEDULES_8)
@@ -153,6 +154,7 @@ def test_schedule_gradients_equal_unrolled(policy, nesting):
     assert_scan_matches_unrolled(8, policy, nesting)
 
 
+@pytest.mark.slow
 def test_schedule_under_vmap_and_pytree_carry():
     params = stacked(6)
 
@@ -196,14 +198,14 @@ def test_planner_override_may_return_a_schedule():
 
     loss = lambda p: jnp.sum(jnp.sin(scan_layers(layer, p, x, levels=1)))  # noqa: E731
     with deciding(scan=override):
-        g = jax.grad(loss)(params)
+        g = jax.jit(jax.grad(loss))(params)  # traced here, under the override; one compile
     assert seen == [(8, (4, 3, 1))]  # the caller's levels=1 schedule goes to the planner
     with deciding(scan=lambda d, p, gr: (p, (4, 3))), pytest.raises(ValueError) as e:
         jax.grad(loss)(params)
     assert_clean_error(e, "the planner's schedule (4, 3) covers 7 layers but params have depth 8")
     with deciding(scan=lambda d, p, gr: (p, 3)), pytest.raises(ValueError, match="not divisible by segments=3"):
         jax.grad(loss)(params)
-    assert_trees_close(g, jax.grad(lambda p: jnp.sum(jnp.sin(unrolled(p, x))))(params))
+    assert_trees_close(g, jax.jit(jax.grad(lambda p: jnp.sum(jnp.sin(unrolled(p, x)))))(params))
 
 
 def test_saved_residuals_are_the_child_inputs():
@@ -227,6 +229,7 @@ def temp(depth, **kw):
     return compiled_memory(loss, wide_params(depth), WIDE_X).temp_bytes
 
 
+@pytest.mark.slow  # test_saved_residuals_are_the_child_inputs is the fast check of what a schedule keeps
 def test_binomial_memory_below_equal_groups_depth_16():
     flat, equal, two = temp(16), temp(16, nested=True), temp(16, levels=2)
     # Model peaks (layer inputs): flat 16, (4, 4, 4, 4) 7 (8 as one outer scan), levels=2
@@ -276,6 +279,7 @@ NNX_SCHEDULES = [((2, 1), 1), pytest.param((2, 1, 1), marks=pytest.mark.slow),
                  pytest.param((2, 2), marks=pytest.mark.slow)]
 
 
+@pytest.mark.slow  # fast: test_nnx_batch_stats_written_back_in_layer_order compares a schedule's gradients
 @pytest.mark.parametrize("segments", NNX_SCHEDULES, ids=str)
 def test_nnx_schedule_gradients_equal_unrolled(segments):
     from flax import nnx
@@ -290,7 +294,7 @@ def test_nnx_schedule_gradients_equal_unrolled(segments):
     assert_trees_close(lv, ref)
 
 
-@pytest.mark.parametrize("segments", [None, *NNX_SCHEDULES], ids=str)
+@pytest.mark.parametrize("segments", [pytest.param(None, marks=pytest.mark.slow), *NNX_SCHEDULES], ids=str)
 def test_nnx_batch_stats_written_back_in_layer_order(segments):
     from flax import nnx
 

@@ -67,8 +67,13 @@ def plain_chain(x):
     return jnp.sum(x)
 
 
-@pytest.mark.parametrize("segments", [1, 2, 3, 4, 6])
-@pytest.mark.parametrize("container", [list, tuple])
+FAST_FUNCTIONS = {(list, 1), (list, 3), (tuple, 2), (tuple, 6)}  # both containers; the other counts slow
+
+
+@pytest.mark.parametrize("container,segments", [
+    pytest.param(c, s, id=f"{c.__name__}-{s}", marks=() if (c, s) in FAST_FUNCTIONS else pytest.mark.slow)
+    for c in (list, tuple) for s in (1, 2, 3, 4, 6)
+])
 def test_functions_gradients(segments, container):
     f = lambda x: jnp.sum(checkpoint_sequential(container(LAYERS), segments, x))  # noqa: E731
     assert_trees_close(f(X), plain_chain(X))
@@ -126,7 +131,9 @@ def _nnx_seq(seed=0):
     )
 
 
-@pytest.mark.parametrize("segments", [1, 2, 3, 6])
+# 3 fast (it also runs eagerly); the others slow
+@pytest.mark.parametrize("segments", [pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow),
+                                      3, pytest.param(6, marks=pytest.mark.slow)])
 def test_nnx_sequential(segments):
     def loss(model, x, s):
         return jnp.sum(checkpoint_sequential(model, s, x) ** 2)
@@ -294,9 +301,14 @@ def _torch_model(torch, sizes, seed=0):
     return torch.nn.Sequential(*mods)
 
 
+FAST_PARITY = {(False, 2)}  # one mechanism for both modes (README); the other cases slow
+
+
 @pytest.mark.torch
-@pytest.mark.parametrize("segments", [1, 2, 3, 5, 7])
-@pytest.mark.parametrize("use_reentrant", [False, True])
+@pytest.mark.parametrize("use_reentrant,segments", [
+    pytest.param(r, s, id=f"{r}-{s}", marks=() if (r, s) in FAST_PARITY else pytest.mark.slow)
+    for r in (False, True) for s in (1, 2, 3, 5, 7)
+])
 def test_pytorch_parity(segments, use_reentrant):
     torch = pytest.importorskip("torch")
     from torch.utils.checkpoint import checkpoint_sequential as torch_cs

@@ -97,8 +97,14 @@ def test_sgd_dampening_has_no_optax_counterpart():
 
 # --- models --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
-@pytest.mark.parametrize("name", ["mlp", "cnn"])
+# one optimizer per model fast (test_optimizer_mapping_is_exact has every one); the rest slow
+FAST_FLOAT64 = {("mlp", "adamw"), ("cnn", "sgd")}
+
+
+@pytest.mark.parametrize("name,optimizer", [
+    pytest.param(n, o, id=f"{n}-{o}", marks=() if (n, o) in FAST_FLOAT64 else pytest.mark.slow)
+    for n in ("mlp", "cnn") for o in OPTIMIZERS
+])
 def test_training_parity_float64(built, name, optimizer):
     jm, tm, inputs, targets = built[name]
     report = compare_training(jm, tm, inputs, targets, optimizer=optimizer, steps=STEPS, dtype="float64")
@@ -108,7 +114,7 @@ def test_training_parity_float64(built, name, optimizer):
         assert any(r.kind == "buffer" for r in report.rows)  # running statistics compared
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+@pytest.mark.parametrize("optimizer", ["sgd", pytest.param("adamw", marks=pytest.mark.slow)])
 def test_cnn_eval_mode_training(built, optimizer):
     jm, tm, inputs, targets = built["cnn"]
     report = compare_training(jm, tm, inputs, targets, optimizer=optimizer, steps=STEPS, dtype="float64",
@@ -117,7 +123,7 @@ def test_cnn_eval_mode_training(built, optimizer):
     assert not any(r.kind == "buffer" for r in report.rows)
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn"])
+@pytest.mark.parametrize("name", ["mlp", pytest.param("cnn", marks=pytest.mark.slow)])
 def test_training_parity_float32(built, name):
     jm, tm, inputs, targets = built[name]
     report = compare_training(jm, tm, inputs, targets, optimizer="adam", steps=STEPS)

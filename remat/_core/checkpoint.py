@@ -19,6 +19,7 @@ import jax
 from remat._core import flax_adapters as _flax
 from remat._core.arguments import signature, split_call
 from remat._core.hooks import RegionChooser, current
+from remat._core.lowering import mark_region
 from remat._core.regions import (
     _CALL_SIGNATURE,
     _call_region,
@@ -223,6 +224,17 @@ def checkpoint(
     if not args and not kwargs:
         return _wrap(function, opts)
     return _run(function, opts, args, kwargs)
+
+
+def rematerialized(fn: Callable[..., Any], policy: PolicySpec, *, prevent_cse: bool = True) -> Callable[..., Any]:
+    """``fn`` under ``jax.checkpoint`` with remat's policy spelling; ``fn`` itself for NO_CHECKPOINT.
+
+    The building block of scans over layers and policy comparisons: a plain region, without
+    :func:`checkpoint`'s argument handling, trace cache or planner hooks.
+    """
+    if is_no_checkpoint(policy):
+        return fn
+    return jax.checkpoint(fn, policy=mark_region(resolve_policy(policy)), prevent_cse=prevent_cse)
 
 
 def _check_callable(function: Any) -> None:

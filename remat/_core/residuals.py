@@ -46,6 +46,8 @@ class Residual:
         the caller, so it costs nothing extra).
       argument: the input's path (``"params['w']"``) when ``is_argument``.
       file, line, function: the user source location, when known.
+      memory_space: where it is kept when not on the device (``"host"`` under an
+        offloading policy such as ``remat.policies.offload_names``), else None.
     """
 
     shape: tuple[int, ...]
@@ -60,6 +62,7 @@ class Residual:
     file: str | None = None
     line: int | None = None
     function: str | None = None
+    memory_space: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -147,10 +150,19 @@ class ResidualReport:
 
 def _aval_fields(aval: Any) -> tuple[tuple[int, ...], str, int]:
     shape = tuple(int(d) for d in getattr(aval, "shape", ()))
-    dtype = np.dtype(getattr(aval, "dtype", np.float32))
-    # Extended dtypes (PRNG keys) have no NumPy itemsize; count them as 0 rather than fail.
+    raw = getattr(aval, "dtype", np.float32)
+    try:
+        dtype = np.dtype(raw)
+    except TypeError:  # an extended dtype (a PRNG key): no NumPy dtype; JAX's has an itemsize
+        dtype = raw
     itemsize = getattr(dtype, "itemsize", 0) or 0
     return shape, str(dtype), int(math.prod(shape)) * int(itemsize)
+
+
+def _memory_space(aval: Any) -> str | None:
+    space = getattr(aval, "memory_space", None)
+    name = str(getattr(space, "name", space) or "").lower()
+    return None if name in ("", "none", "device") else name
 
 
 def _fn_name(fn: Callable) -> str:
@@ -218,14 +230,15 @@ def _saved_residuals_structured(fn: Callable, args: tuple, kwargs: dict) -> list
             out.append(Residual(*_aval_fields(v.aval), kind="literal", source="a literal"))
     for v in jaxpr.constvars:
         if v in res_vars:
-            out.append(Residual(*_aval_fields(v.aval), kind="constant", source="a constant"))
+            out.append(Residual(*_aval_fields(v.aval), kind="constant", source="a constant",
+                                    memory_space=_memory_space(v.aval)))
     for i, v in enumerate(jaxpr.invars):
         if v in res_vars:
             name = arg_names[i] if i < len(arg_names) and arg_names[i] else f"flat[{i}]"
             out.append(
                 Residual(
                     *_aval_fields(v.aval), kind="argument", source=f"argument {name}",
-                    is_argument=True, argument=name,
+                    is_argument=True, argument=name, memory_space=_memory_space(v.aval),
                 )
             )
 
@@ -243,6 +256,7 @@ def _saved_residuals_structured(fn: Callable, args: tuple, kwargs: dict) -> list
             out.append(
                 Residual(
                     *_aval_fields(v.aval), kind=kind, source=src, name=name, primitive=prim,
+                    memory_space=_memory_space(v.aval),
                     file=frame.file_name if frame else None,
                     line=frame.start_line if frame else None,
                     function=frame.function_name if frame else None,

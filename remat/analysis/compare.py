@@ -9,40 +9,35 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
-
+from remat._core.checkpoint import rematerialized
 from remat._core.residuals import format_bytes, saved_residuals
 from remat.analysis.compiled import compiled_step
 from remat.analysis.timing import time_programs
+from remat.policies import policy_name
 
 DEFAULT_POLICIES: tuple[str, ...] = ("none", "nothing", "dots", "dots_no_batch", "everything")
 
 
 def with_policy(fn: Callable, policy: Any) -> Callable:
-    """``fn`` checkpointed under ``policy``, where ``"none"`` means not checkpointed at all.
+    """``fn`` checkpointed under ``policy``; ``NO_CHECKPOINT`` (or ``"none"``) means not checkpointed.
 
     The helper a policy-parametrised model uses so :func:`compare_policies` can switch
     checkpointing off as one of the options.
 
     Args:
       fn: a layer or block function.
-      policy: ``"none"`` (no checkpoint), or anything ``remat.policies.resolve_policy``
+      policy: ``remat.policies.NO_CHECKPOINT`` (no checkpoint), or anything ``remat.policies.resolve_policy``
         accepts: ``None``/``"nothing"``, ``"dots"``, ``"dots_no_batch"``,
         ``"everything"``, a list of checkpoint names, or a callable JAX policy.
 
     Returns:
-      ``fn`` itself for ``"none"``, else ``jax.checkpoint(fn, policy=...)``.
+      ``fn`` itself for no checkpoint, else ``jax.checkpoint(fn, policy=...)``.
 
     Example:
       >>> import jax.numpy as jnp
       >>> block = with_policy(lambda w, x: jnp.tanh(x @ w), "dots")
     """
-    from remat._core.lowering import mark_region
-    from remat.scan import resolve_policy_spec
-
-    if isinstance(policy, str) and policy == "none":
-        return fn
-    return jax.checkpoint(fn, policy=mark_region(resolve_policy_spec(policy)))
+    return rematerialized(fn, policy)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,14 +151,6 @@ class PolicyComparison:
         return os.fspath(path)
 
 
-def _policy_label(policy: Any) -> str:
-    if policy is None:
-        return "nothing"
-    if isinstance(policy, str):
-        return policy
-    if callable(policy):
-        return getattr(policy, "__name__", type(policy).__name__)
-    return "names:" + ",".join(map(str, policy))
 
 
 def _loss_for(fn: Callable, policy: Any) -> Callable:
@@ -245,7 +232,7 @@ def compare_policies(
                             rounds=steps, warmup=warmup)
     results = tuple(
         PolicyResult(
-            policy=_policy_label(policy),
+            policy=policy_name(policy),
             residual_bytes=report.residual_bytes,
             residual_count=len(report),
             temp_bytes=step.memory.temp_bytes,

@@ -16,15 +16,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from remat._names import CROSSCHECK_OPTIMIZERS, NO_CHECKPOINT_ALIAS, POLICY_NAMES, is_no_checkpoint
 from remat.cli._common import EXIT_CHECK_FAILED, EXIT_OK, UsageError, print_json, print_table
 
 HELP = "compare gradients and training of a Flax model against its PyTorch twin"
 EXAMPLE = "remat crosscheck transformer --policy dots --dtype float64 --steps 3"
 
-# Kept here (not imported) so that configure() imports nothing heavy; the tests check
-# they agree with remat.policies.NAMED_POLICIES and remat.crosscheck.OPTIMIZERS.
-POLICIES = ("nothing", "everything", "dots", "dots_no_batch", "names", "none")
-OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
+POLICIES = (*POLICY_NAMES, NO_CHECKPOINT_ALIAS, "names")  # names: the model's tagged values
+OPTIMIZERS = CROSSCHECK_OPTIMIZERS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "or path/to/file.py:factory")
     parser.add_argument("--policy", default="nothing", choices=POLICIES,
                         help="remat policy in every block ('names': the model's tagged names; "
-                             "'none': no checkpointing). Default: nothing (PyTorch's behaviour)")
+                             "no_checkpoint' (or 'none'): no checkpointing). Default: nothing (PyTorch's behaviour)")
     parser.add_argument("--blocks", default="all",
                         help="which blocks to checkpoint: 'all' or indices like 0,2 (built-in models)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
@@ -82,7 +81,7 @@ def _load(args: argparse.Namespace, settings: Any) -> tuple[Any, Any, tuple, Any
     targets = result[3] if len(result) == 4 else None
     if takes_remat:
         return jax_model, torch_model, inputs, targets, False, settings.label + " (placed by the factory)"
-    if args.policy == "none":
+    if is_no_checkpoint(args.policy):
         return jax_model, torch_model, inputs, targets, False, "no checkpoint"
     policy = settings.jax_policy(tuple(getattr(jax_model, "checkpoint_names", ())))
     return (jax_model, torch_model, inputs, targets, True if policy is None else policy,
@@ -107,7 +106,10 @@ def run(args: argparse.Namespace) -> int:
     from remat import crosscheck
     from remat.models import RematSettings
 
-    settings = RematSettings.none() if args.policy == "none" else RematSettings(_blocks(args.blocks), args.policy)
+    if is_no_checkpoint(args.policy):
+        settings = RematSettings.none()
+    else:
+        settings = RematSettings(_blocks(args.blocks), args.policy)
     jax_model, torch_model, inputs, targets, whole, label = _load(args, settings)
     mode = None if args.mode == "auto" else (("train", "eval") if args.mode == "both" else args.mode)
     grads = crosscheck.compare_gradients(jax_model, torch_model, inputs, dtype=args.dtype, mode=mode,

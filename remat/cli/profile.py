@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from remat._names import NO_CHECKPOINT_ALIAS, POLICY_NAMES, is_no_checkpoint
 from remat.cli._common import (
     EXIT_OK,
     UsageError,
@@ -37,10 +38,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _policies(spec: str) -> tuple[str, ...]:
-    from remat.policies import NAMED_POLICIES
-
     names = tuple(p.strip() for p in spec.split(",") if p.strip())
-    valid = ("none", *NAMED_POLICIES)
+    valid = (*POLICY_NAMES, NO_CHECKPOINT_ALIAS)
     bad = [p for p in names if p not in valid]
     if not names or bad:
         raise UsageError(f"--policies {spec!r}: unknown {bad or 'empty list'}; use a comma list of {', '.join(valid)}")
@@ -65,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     n = count_regions(loss, *step_args)
 
     def factory(policy: str):
-        return apply_policies(loss, [NONE if policy == "none" else policy] * n)
+        return apply_policies(loss, [NONE if is_no_checkpoint(policy) else policy] * n)
 
     table = compare_policies(factory, *step_args, policies=policies, steps=args.steps)
     plot = table.plot(args.plot, title=f"remat profile {args.model} --depth {args.depth}") if args.plot else None

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 
+from remat._names import NO_CHECKPOINT_ALIAS, POLICY_NAMES
 from remat.cli._common import UsageError, add_keep_freed_memory_flag, apply_keep_freed_memory_flag
 
 HELP = "train a model with activation checkpointing, on one device or many, with save/resume"
 EXAMPLE = "remat train transformer --steps 200 --policy dots --devices 4 --save-dir runs/t --plot loss.png"
 
-POLICIES = ("none", "nothing", "everything", "dots", "dots_no_batch", "names")
+POLICIES = (*POLICY_NAMES, NO_CHECKPOINT_ALIAS, "names")  # names: the model's tagged values
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
@@ -39,9 +40,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="learning rate (default 0.1 for sgd, 3e-3 for adam/adamw)")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--policy", choices=POLICIES, default=None,
-                       help="remat policy for every block: none = no checkpointing, nothing = save only the block "
-                            "inputs (torch.utils.checkpoint), everything, dots, dots_no_batch, names = the values "
-                            "the model tags (default: nothing)")
+                       help="remat policy for every block: no_checkpoint (or none) = no checkpointing, "
+                            "nothing = save only the block inputs (torch.utils.checkpoint), everything, dots, "
+                            "dots_no_batch, names = the values the model tags (default: nothing)")
     group.add_argument("--budget", type=float, default=None, metavar="F",
                        help="keep at most this fraction (0 < F <= 1) of the activations (remat.residual_budget)")
     parser.add_argument("--depth", type=int, default=None, help="number of blocks (built-in models)")

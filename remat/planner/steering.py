@@ -13,7 +13,7 @@ from remat import scan as _scan
 from remat._core import hooks
 from remat._core.checkpoint import CheckpointOptions
 from remat.analysis import names_in_jaxpr
-from remat.policies import policy_name, resolve_policy
+from remat.policies import is_no_checkpoint, policy_name, resolve_policy
 
 NONE = "none"  # a region that is not checkpointed
 AS_WRITTEN = "as written"  # a region keeps the options the user's code gave it
@@ -30,7 +30,7 @@ def _region_policies(policies: Sequence[Any]) -> Iterator[list[int]]:
         spec = policies[i] if i < len(policies) else AS_WRITTEN
         if spec == AS_WRITTEN:
             return opts
-        if spec == NONE:
+        if is_no_checkpoint(spec):
             return None
         return dataclasses.replace(opts, policy=resolve_policy(spec), policy_label=policy_name(spec))
 
@@ -86,7 +86,7 @@ def _sequential_choice(segments: int | None) -> Iterator[list[int]]:
 def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
                    scan: tuple[Any, Any] | None = None,
                    sequential: int | None = None) -> Callable[..., Any]:
-    """``step_fn`` whose i-th checkpointed region uses ``policies[i]`` (``"none"``: no checkpoint).
+    """``step_fn`` whose i-th checkpointed region uses ``policies[i]`` (``NONE``: no checkpoint).
 
     ``scan=(policy, groups)`` also re-decides every :func:`remat.scan.scan_layers` in the
     step: its per-layer policy (``"none"``: no checkpoint) and ``groups`` checkpointed

@@ -42,30 +42,22 @@ from jax._src.ad_checkpoint import name_p as _name_p
 from jax.ad_checkpoint import Recompute
 from jax.extend.core import Primitive
 
+from remat import _names
+
 Policy = Callable[..., Any]
 PolicySpec = Union[None, str, Sequence[str], Policy]
 
-NAMED_POLICIES: dict[str, Policy | None] = {
-    "nothing": None,  # jax.checkpoint's default: save only the inputs of the region.
-    "everything": _jcp.everything_saveable,
-    "dots": _jcp.dots_saveable,
-    "dots_no_batch": _jcp.dots_with_no_batch_dims_saveable,
-}
+NAMED_POLICIES: dict[str, Policy | None] = dict(zip(_names.NAMED_POLICY_NAMES, (
+    None,  # "nothing", jax.checkpoint's default: save only the inputs of the region
+    _jcp.everything_saveable,
+    _jcp.dots_saveable,
+    _jcp.dots_with_no_batch_dims_saveable,
+)))
 
 
-#: "Do not checkpoint this region": the one spelling of it, accepted wherever a policy is
-#: (``remat.checkpoint``, scans, comparisons, the planner, the command line). It is never
-#: ``None``, which means "checkpoint, keep nothing but the inputs". ``"none"`` is its older
-#: spelling and still accepted.
-NO_CHECKPOINT = "no_checkpoint"
-
-#: Every policy name, in the order reports list them: the list the CLI and benchmarks offer.
-POLICY_NAMES: tuple[str, ...] = (NO_CHECKPOINT, *NAMED_POLICIES)
-
-
-def is_no_checkpoint(policy: Any) -> bool:
-    """True for the spellings of "do not checkpoint": :data:`NO_CHECKPOINT` (or ``"none"``)."""
-    return isinstance(policy, str) and policy in (NO_CHECKPOINT, "none")
+NO_CHECKPOINT = _names.NO_CHECKPOINT
+POLICY_NAMES = _names.POLICY_NAMES
+is_no_checkpoint = _names.is_no_checkpoint
 
 
 def resolve_policy(policy: PolicySpec) -> Policy | None:

@@ -7,6 +7,7 @@ from typing import Any
 import jax
 from jax import lax
 
+from remat._core.checkpoint import rematerialized
 from remat._core.hooks import current
 from remat._core.lowering import mark_region
 from remat.policies import resolve_policy
@@ -15,23 +16,14 @@ from remat.scan.schedules import Schedule, _check_groups, _groups, _schedule_dep
 __all__ = ["resolve_policy_spec", "scan_layers"]
 
 
-def resolve_policy_spec(policy: Any) -> Callable[..., Any] | None:
-    """Turns a remat policy spelling into a JAX policy (None = save nothing).
-
-    Every spelling ``remat.policies.resolve_policy`` accepts works here too; ``"none"`` is
-    handled by the callers (it means "do not checkpoint") and is rejected here.
-    """
-    if isinstance(policy, str) and policy == "none":
-        raise ValueError("policy 'none' means no checkpoint; handle it before resolving the policy")
-    return resolve_policy(policy)
+#: The policy resolver of :mod:`remat.policies`, under the name this module gave it before.
+resolve_policy_spec = resolve_policy
 
 
 def _maybe_checkpoint(fn: Callable, policy: Any) -> Callable:
-    if isinstance(policy, str) and policy == "none":
-        return fn
     # Inside a scan, XLA cannot CSE the recomputation into the forward loop, so the
     # optimization barriers of prevent_cse=True would only cost time (JAX docs).
-    return jax.checkpoint(fn, policy=resolve_policy_spec(policy), prevent_cse=False)
+    return rematerialized(fn, policy, prevent_cse=False)
 
 
 def _depth(params: Any) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 import flax.linen as nn
 from flax.core import FrozenDict
 
-from remat.scan.layers import resolve_policy_spec
+from remat.policies import is_no_checkpoint, resolve_policy
 from remat.scan.schedules import _num_segments
 
 __all__ = ["LinenScanLayers"]
@@ -75,8 +75,8 @@ class LinenScanLayers(nn.Module):
             )
         k = _num_segments(self.depth, self.segments, self.nested)
         cell = _linen_cell(self.layer_cls)
-        if not (isinstance(self.policy, str) and self.policy == "none"):
-            cell = nn.remat(cell, policy=resolve_policy_spec(self.policy), prevent_cse=False)
+        if not is_no_checkpoint(self.policy):
+            cell = nn.remat(cell, policy=resolve_policy(self.policy), prevent_cse=False)
         scan = lambda target, length: nn.scan(  # noqa: E731
             target, variable_axes={"params": 0}, split_rngs={"params": True}, length=length
         )

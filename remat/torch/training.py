@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from remat._names import CROSSCHECK_OPTIMIZERS
 from remat.torch.harness import (
     _buffers,
     _call_torch,
@@ -58,7 +59,7 @@ from remat.torch.lazy import _torch
 from remat.torch.report import TRAINING_TOLERANCES, TrainingReport, _param_rows, _row, _tolerances
 from remat.torch.weights import _to_numpy, _variables
 
-OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
+OPTIMIZERS = CROSSCHECK_OPTIMIZERS
 
 
 def make_optimizers(

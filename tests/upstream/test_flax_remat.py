@@ -190,6 +190,8 @@ def test_remat_with_scan_decorator_functional(graph):
 # Isolated: with the XLA:CPU flag that `import remat` used to set, this grad aborted the
 # interpreter (`Check failed: buffer != nullptr`, shape.h). Both graph modes run in one
 # child process, to pay for one interpreter start.
+# Slow: test_remat_scan_grad differentiates a checkpoint inside a scan in the fast suite.
+@pytest.mark.slow
 @pytest.mark.isolated
 def test_remat_with_scan_decorator_functional_grad():
     for graph in (True, False):

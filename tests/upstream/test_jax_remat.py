@@ -111,12 +111,15 @@ def assert_all_close(actual, desired, *, check_dtypes=True, atol=None, rtol=None
 _never = lambda *_, **__: False  # noqa: E731
 REMAT = pytest.param(remat.checkpoint, id="remat")
 REMAT_POLICY = pytest.param(partial(remat.checkpoint, policy=_never), id="policy")
-REMAT_NEW_POLICY = pytest.param(partial(remat.checkpoint, policy=_never), id="new_policy")
-REMAT_NEW = pytest.param(remat.checkpoint, id="new")
+# '_new' runs what '' and '_policy' run (jax.checkpoint is jax.remat today): the slow cases
+REMAT_NEW_POLICY = pytest.param(partial(remat.checkpoint, policy=_never), id="new_policy", marks=pytest.mark.slow)
+REMAT_NEW = pytest.param(remat.checkpoint, id="new", marks=pytest.mark.slow)
 THREE = [REMAT, REMAT_POLICY, REMAT_NEW_POLICY]   # '', '_policy', '_new' (with policy)
 TWO_POLICY = [REMAT, REMAT_POLICY]                # '', '_policy'
 TWO_NEW = [REMAT, REMAT_NEW]                      # '', '_new'
-OLD_NEW = [pytest.param(remat.checkpoint, id="old_remat"),
+# Both run remat.checkpoint (jax.remat and jax.checkpoint are one function today): the cases
+# parametrized by them (order-2 check_grads, seconds on 2 cores) run once in the fast suite.
+OLD_NEW = [pytest.param(remat.checkpoint, id="old_remat", marks=pytest.mark.slow),
            pytest.param(remat.checkpoint, id="new_remat")]
 
 
@@ -773,8 +776,8 @@ def test_no_cse_widget_with_prevent_cse_false(remat_):
 # jax tests/api_test.py RematTest.test_remat_custom_policy
 @pytest.mark.parametrize("policy,in_jaxpr2,not_in_jaxpr2", [
     pytest.param(jax.checkpoint_policies.everything_saveable, [], [' sin ', ' cos '],
-                 id="save_anything_new_remat"),
-    pytest.param(None, [' sin ', ' cos '], [], id="save_nothing_new_remat"),
+                 id="save_anything_new_remat", marks=pytest.mark.slow),  # order-2 check_grads: slow
+    pytest.param(None, [' sin ', ' cos '], [], id="save_nothing_new_remat", marks=pytest.mark.slow),
     pytest.param(jax.checkpoint_policies.save_only_these_names('sin'), [' cos '], [' sin '],
                  id="save_sin_new_remat"),
 ])
@@ -2218,8 +2221,14 @@ def _corpus_expected(context):
 _CORPUS_IMPLS = [("jax", True), ("jax", False), ("remat", True), ("remat", False), ("remat_call", True)]
 
 
+# (the call form, remat's decorator code path, and remat without a CSE barrier, JAX's own
+# lowering, run with the slow cases)
+_CORPUS_SLOW = {("remat", False), ("remat_call", True)}
+
+
 @pytest.mark.parametrize("impl,prevent_cse", [
-    pytest.param(impl, cse, id=f"{impl}-{'cse_barrier' if cse else 'no_cse_barrier'}")
+    pytest.param(impl, cse, id=f"{impl}-{'cse_barrier' if cse else 'no_cse_barrier'}",
+                 marks=pytest.mark.slow if (impl, cse) in _CORPUS_SLOW else ())
     for impl, cse in _CORPUS_IMPLS])
 @pytest.mark.parametrize("context", _CORPUS_CONTEXTS)
 def test_import_safety_corpus(context, impl, prevent_cse):

@@ -255,6 +255,8 @@ class TestCheckpoint:
         assert _prims(regions[0])["mul"] == 5
 
     # torch test/test_utils.py TestCheckpoint.test_checkpoint_valid
+    # slow (second order, op by op: seconds); tests/test_checkpoint.py differentiates twice in the fast suite
+    @pytest.mark.slow
     @pytest.mark.parametrize("use_reentrant", [True, False])
     def test_checkpoint_valid(self, use_reentrant):
         model = _mlp()
@@ -384,6 +386,9 @@ class TestCheckpoint:
         return jax.grad(loss)(inp)
 
     # torch test/test_utils.py TestCheckpoint.test_checkpoint_rng_cpu
+    # slow (five dropout sizes, op by op); test_checkpoint_not_preserve_rng_state_and_without_reentrant
+    # and tests/test_checkpoint.py check the recomputed randomness in the fast suite
+    @pytest.mark.slow
     def test_checkpoint_rng_cpu(self):
         for i in range(5):
             inp = _randn(i, 20000)
