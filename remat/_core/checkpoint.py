@@ -21,12 +21,12 @@ from remat._core.arguments import signature, split_call
 from remat._core.hooks import RegionChooser, current
 from remat._core.lowering import mark_region
 from remat._core.regions import (
-    _CALL_SIGNATURE,
-    _call_region,
-    _checkpointed,
-    _count_scalar_variants,
-    _interned,
-    _Region,
+    CALL_SIGNATURE,
+    Region,
+    call_region,
+    checkpointed_caller,
+    count_scalar_variants,
+    interned,
 )
 from remat.policies import PolicySpec, is_no_checkpoint, policy_name, resolve_policy
 
@@ -303,33 +303,33 @@ def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwa
     graph_nodes = list(nodes) + [x for x in call.dynamic if _flax.is_nnx_node(x)]
     nnx_mode = None if not graph_nodes else "in place" if _flax.nnx_in_place(graph_nodes) else "changed only"
     if not opts.trace_scalars:
-        _count_scalar_variants(function, call)
+        count_scalar_variants(function, call)
     key = None if call.static_key is None else (_flax.function_key(function), call.static_key, len(nodes))
-    region = _interned(_Region(function, rebind, len(nodes), call, key))
+    region = interned(Region(function, rebind, len(nodes), call, key))
     inputs = list(nodes) + call.dynamic
     flags = (True,) * len(nodes) + call.prevent_cse
     prevent_cse = flags[0] if flags and all(f == flags[0] for f in flags) else flags
 
     def remat_with(policy: Any) -> Callable[..., Any]:
-        return functools.partial(_checkpointed(policy, prevent_cse, nnx_mode), region)
+        return functools.partial(checkpointed_caller(policy, prevent_cse, nnx_mode), region)
 
     sig = signature(inputs)
-    token = _CALL_SIGNATURE.set(sig)
+    token = CALL_SIGNATURE.set(sig)
     try:
         policy = opts.policy
         if isinstance(policy, RegionChooser):  # e.g. a residual budget: per region, from the inputs
             policy = policy.choose_policy(remat_with, inputs)
         if opts.debug:
-            _print_debug_report(function, functools.partial(_call_region, region), remat_with(policy),
+            _print_debug_report(function, functools.partial(call_region, region), remat_with(policy),
                                 inputs, opts)
         outputs = remat_with(policy)(*inputs)
         if not region.store.has(sig):
             # JAX served a trace made for an equal region that has since left the intern
             # table: trace this one afresh, under a region no cache knows.
-            region = _Region(function, rebind, len(nodes), call, None)
+            region = Region(function, rebind, len(nodes), call, None)
             outputs = remat_with(policy)(*inputs)
     finally:
-        _CALL_SIGNATURE.reset(token)
+        CALL_SIGNATURE.reset(token)
     return region.store.unpack(outputs, sig)
 
 

@@ -20,14 +20,14 @@ from remat._core.arguments import OutputStore, SplitCall, is_python_scalar
 from remat._core.lowering import mark_region
 
 # The signature of the inputs of the region being called, for its OutputStore.
-_CALL_SIGNATURE: contextvars.ContextVar[Any] = contextvars.ContextVar("remat_call_signature")
+CALL_SIGNATURE: contextvars.ContextVar[Any] = contextvars.ContextVar("remat_call_signature")
 
 # A warning, once per function, when Python scalars passed through the call form have made
 # this many different traces.
 SCALAR_VARIANTS_WARNING = 8
 
 
-class _Region:
+class Region:
     """One checkpointed call's untraced part: the function and the arguments' static structure.
 
     It is the static argument of the cached ``jax.checkpoint``/``nnx.remat`` callables, so
@@ -46,7 +46,7 @@ class _Region:
         self._key = key
 
     def __eq__(self, other: object) -> bool:
-        if self._key is None or not isinstance(other, _Region):
+        if self._key is None or not isinstance(other, Region):
             return self is other
         return self._key == other._key
 
@@ -57,16 +57,16 @@ class _Region:
         nodes, leaves = dynamic[:self.num_nodes], dynamic[self.num_nodes:]
         target = self.rebind(nodes) if self.num_nodes else self.function
         args, kwargs = self.call.rebuild(leaves)
-        return self.store.pack(target(*args, **kwargs), _CALL_SIGNATURE.get())
+        return self.store.pack(target(*args, **kwargs), CALL_SIGNATURE.get())
 
 
-# Interned regions: equal calls get the same _Region object, so that the OutputStore filled
+# Interned regions: equal calls get the same Region object, so that the OutputStore filled
 # when JAX traced it is the one read on later calls that JAX serves from its cache.
-_REGIONS: dict[Any, _Region] = {}
+_REGIONS: dict[Any, Region] = {}
 _MAX_REGIONS = 4096
 
 
-def _interned(region: _Region) -> _Region:
+def interned(region: Region) -> Region:
     if region._key is None:
         return region
     found = _REGIONS.get(region._key)
@@ -78,28 +78,28 @@ def _interned(region: _Region) -> _Region:
     return region
 
 
-def _call_region(static: _Region, *dynamic: Any) -> Any:
+def call_region(static: Region, *dynamic: Any) -> Any:
     return static(*dynamic)
 
 
 @functools.lru_cache(maxsize=None)
-def _checkpointed(policy: Any, prevent_cse: bool | tuple[bool, ...], nnx_mode: str | None) -> Callable[..., Any]:
+def checkpointed_caller(policy: Any, prevent_cse: bool | tuple[bool, ...], nnx_mode: str | None) -> Callable[..., Any]:
     """The checkpointed caller of regions, one per option set, so that JAX caches traces.
 
     ``nnx_mode``: ``None`` without Flax NNX nodes; ``"in place"`` or ``"changed only"``
     (see :func:`remat._core.flax_adapters.nnx_remat`) with them.
     """
     if nnx_mode is not None:
-        return _flax.nnx_remat(_call_region, policy=policy, prevent_cse=prevent_cse,
+        return _flax.nnx_remat(call_region, policy=policy, prevent_cse=prevent_cse,
                                in_place=nnx_mode == "in place")
-    return jax.checkpoint(_call_region, static_argnums=(0,), policy=mark_region(policy),
+    return jax.checkpoint(call_region, static_argnums=(0,), policy=mark_region(policy),
                           prevent_cse=prevent_cse)
 
 
 _scalar_variants: dict[Any, set] = {}
 
 
-def _count_scalar_variants(function: Any, call: SplitCall) -> None:
+def count_scalar_variants(function: Any, call: SplitCall) -> None:
     """Warns once per function when pass-through Python scalars have made many traces."""
     scalars = tuple(x for x in call.static if is_python_scalar(x))
     if not scalars:
