@@ -21,8 +21,9 @@ EXAMPLE = "remat plan transformer --budget 0.5 --depth 8"
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL",
                         help="mlp, transformer, cnn, seed-model, seed-mymodel or path/to/file.py:factory")
-    parser.add_argument("--budget", type=float, required=True, metavar="F",
-                        help="compiled temp memory allowed, as a fraction in (0, 1] of no checkpoint")
+    parser.add_argument("--memory-budget", "--budget", dest="budget", type=float, required=True, metavar="F",
+                        help="the whole step's compiled temp memory allowed, as a fraction in (0, 1] of no "
+                             "checkpoint (--budget is the shorter spelling)")
     parser.add_argument("--depth", type=int, default=None, help="number of blocks (built-in models)")
     parser.add_argument("--width", type=int, default=None, help="block width (built-in models)")
     parser.add_argument("--batch-size", type=int, default=None, help="batch size (default: the model's)")

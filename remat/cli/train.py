@@ -43,8 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        help="remat policy for every block: no_checkpoint (or none) = no checkpointing, "
                             "nothing = save only the block inputs (torch.utils.checkpoint), everything, dots, "
                             "dots_no_batch, names = the values the model tags (default: nothing)")
-    group.add_argument("--budget", type=float, default=None, metavar="F",
-                       help="keep at most this fraction (0 < F <= 1) of the activations (remat.residual_budget)")
+    group.add_argument("--residual-budget", "--budget", dest="budget", type=float, default=None, metavar="F",
+                       help="per block, keep at most this fraction (0 < F <= 1) of its residual bytes "
+                            "(remat.residual_budget; --budget is the older spelling)")
     parser.add_argument("--depth", type=int, default=None, help="number of blocks (built-in models)")
     parser.add_argument("--width", type=int, default=None,
                         help="block width (mlp, transformer) or first conv's channels (cnn, doubled per block)")
@@ -78,7 +79,8 @@ def validate(args: argparse.Namespace) -> None:
     if args.lr is not None and not args.lr > 0:
         raise UsageError(f"--lr must be positive, got {args.lr}")
     if args.budget is not None and not 0 < args.budget <= 1:
-        raise UsageError(f"--budget must be in (0, 1] (a fraction of the activations to keep), got {args.budget}")
+        raise UsageError(f"--residual-budget must be in (0, 1] (a fraction of each block's residual bytes to keep), "
+                         f"got {args.budget}")
     if args.devices is not None and args.devices < 1:
         raise UsageError(f"--devices must be at least 1, got {args.devices}")
     if args.devices is not None and args.batch_size is not None and args.batch_size % args.devices:
