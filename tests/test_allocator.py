@@ -41,6 +41,7 @@ def _run(mode: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_the_temp_buffer_is_no_longer_faulted_in_every_step():
     default, kept = _run("default"), _run("keep")
     pages = default["temp"] / 4096

@@ -271,6 +271,7 @@ def test_compare_policies_rejects_bad_input():
         compare_policies(lambda policy: 3, _mlp_params(1), jnp.ones((2, 32)))
 
 
+@pytest.mark.slow
 def test_compiled_bytes_order_nothing_dots_none_after_import_remat():
     # In a fresh process so that `import remat` is guaranteed to configure XLA:CPU
     # before any backend starts (another test module may already have started it here).
@@ -299,6 +300,7 @@ def test_compiled_bytes_order_nothing_dots_none_after_import_remat():
     assert abs(res["everything"] - res["none"]) < 0.01 * res["none"], res  # up to a few literals
 
 
+@pytest.mark.slow
 def test_profile_cli_handles_batchnorm_models(capsys):
     from remat.cli import main
 

@@ -146,6 +146,7 @@ def tagged_loss(ws, x):
     return (x**2).mean()
 
 
+@pytest.mark.slow
 def test_plan_tries_the_checkpoint_names_the_step_tags():
     from remat.analysis import checkpoint_names
 
@@ -178,6 +179,7 @@ def _sequential_step(segments=2, n=8, width=64):
     return loss, ws, x
 
 
+@pytest.mark.slow
 def test_plan_re_decides_checkpoint_sequential_segments():
     from remat.planner import _survey
 
@@ -203,6 +205,7 @@ def test_plan_re_decides_checkpoint_sequential_segments():
     assert p.to_dict()["candidates"][-1].keys() >= {"sequential_segments"}
 
 
+@pytest.mark.slow
 def test_equal_programs_are_timed_once_and_share_their_time():
     p = plan(loss, WS, X, budget=1.0, repeat=2, budget_fractions=(), policies=("nothing", "dots"))
     by_label = {c.label: c for c in p.candidates}
