@@ -156,7 +156,7 @@ def pytest_runtest_call(item: pytest.Item) -> None:
         return
     env = {**os.environ, _CHILD: "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "",
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=", "-m", "",
          f"{item.path}::{item.name}" if item.cls is None else f"{item.path}::{item.cls.__name__}::{item.name}"],
         env=env, capture_output=True, text=True, timeout=600,
     )
