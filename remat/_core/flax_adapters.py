@@ -25,14 +25,17 @@ __all__ = ["is_nnx_node"]
 
 # --- NNX -------------------------------------------------------------------------------
 
-def nnx_owner(function: Any) -> nnx.Module | None:
-    """The NNX module that ``function`` is (a submodule) or belongs to (a bound method)."""
-    if isinstance(function, nnx.Module):
+def _module_of(function: Any, kind: type) -> Any:
+    """The module of class ``kind`` that ``function`` is, or whose bound method it is."""
+    if isinstance(function, kind):
         return function
     owner = getattr(function, "__self__", None)
-    if isinstance(owner, nnx.Module) and inspect.ismethod(function):
-        return owner
-    return None
+    return owner if isinstance(owner, kind) and inspect.ismethod(function) else None
+
+
+def nnx_owner(function: Any) -> nnx.Module | None:
+    """The NNX module that ``function`` is (a submodule) or belongs to (a bound method)."""
+    return _module_of(function, nnx.Module)
 
 
 def function_key(function: Any) -> Any:
@@ -133,12 +136,7 @@ def is_linen_class(obj: Any) -> bool:
 
 
 def _linen_instance(function: Any) -> nn.Module | None:
-    if isinstance(function, nn.Module):
-        return function
-    owner = getattr(function, "__self__", None)
-    if isinstance(owner, nn.Module) and inspect.ismethod(function):
-        return owner
-    return None
+    return _module_of(function, nn.Module)
 
 
 def _is_linen_module(x: Any) -> bool:

@@ -82,7 +82,8 @@ def call_region(static: Region, *dynamic: Any) -> Any:
     return static(*dynamic)
 
 
-@functools.lru_cache(maxsize=None)
+# Bounded: per-region policies (a residual budget's choices) are new objects per budget.
+@functools.lru_cache(maxsize=256)
 def checkpointed_caller(policy: Any, prevent_cse: bool | tuple[bool, ...], nnx_mode: str | None) -> Callable[..., Any]:
     """The checkpointed caller of regions, one per option set, so that JAX caches traces.
 
