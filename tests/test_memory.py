@@ -255,7 +255,7 @@ def test_compare_policies_factory_and_keyword_forms(tmp_path):
 
     d = json.loads(table.to_json())
     assert [r["policy"] for r in d["results"]] == ["none", "nothing", "dots"]
-    assert "vs none" in str(table) and "1.00x" in str(table)
+    assert "temp vs no checkpoint" in str(table) and "1.00x" in str(table)
     png = table.plot(tmp_path / "policies.png")
     assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(KeyError, match="no policy"):

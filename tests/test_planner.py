@@ -121,7 +121,7 @@ def test_plan_chooses_the_scan_policy_and_segment_length():
     for policy in ("nothing", "dots_no_batch", "dots"):
         assert {f"scan: {policy}, flat", f"scan: {policy}, 2 groups", f"scan: {policy}, 4 groups"} <= labels
     none = next(c for c in p.candidates if c.label == "no checkpoint")
-    assert none.scan == ("none", None)  # the baseline leaves the scan unchecked
+    assert none.scan == (NONE, None)  # the baseline leaves the scan unchecked
     assert all(c.temp_bytes <= none.temp_bytes for c in p.candidates)
     assert p.feasible and p.chosen.temp_bytes <= p.limit_bytes and p.chosen.scan is not None
     applied = p.apply(step)

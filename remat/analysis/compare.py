@@ -11,11 +11,13 @@ from typing import Any
 
 from remat._core.checkpoint import rematerialized
 from remat._core.residuals import format_bytes, saved_residuals
+from remat._names import POLICY_NAMES, is_no_checkpoint
 from remat.analysis.compiled import compiled_step
 from remat.analysis.timing import time_programs
 from remat.policies import policy_name
 
-DEFAULT_POLICIES: tuple[str, ...] = ("none", "nothing", "dots", "dots_no_batch", "everything")
+#: Every named policy and no checkpoint, the order reports list them in.
+DEFAULT_POLICIES: tuple[str, ...] = POLICY_NAMES
 
 
 def with_policy(fn: Callable, policy: Any) -> Callable:
@@ -90,11 +92,12 @@ class PolicyComparison:
 
     @property
     def columns(self) -> list[str]:
-        return ["policy", "residuals", "residual bytes", "compiled temp", "compiled peak", "step (ms)", "vs none"]
+        return ["policy", "residuals", "residual bytes", "compiled temp", "compiled peak", "step (ms)",
+                "temp vs no checkpoint"]
 
     def rows(self) -> list[list[str]]:
         """Table rows for people (bytes formatted, time in ms)."""
-        base = next((r for r in self.results if r.policy == "none"), None)
+        base = next((r for r in self.results if is_no_checkpoint(r.policy)), None)
         rows = []
         for r in self.results:
             rel = f"{r.temp_bytes / base.temp_bytes:.2f}x" if base and base.temp_bytes else "-"
@@ -185,7 +188,7 @@ def compare_policies(
 
     ``fn`` is either a factory ``fn(policy) -> loss`` or a loss taking a ``policy=``
     keyword (detected from its signature: a ``policy`` parameter alongside others, or
-    keyword-only). It receives each entry of ``policies`` as it is; ``"none"`` means
+    keyword-only). It receives each entry of ``policies`` as it is; ``NO_CHECKPOINT`` means
     "no checkpoint at all", which :func:`with_policy` implements for you.
 
     For each policy the gradient ``jax.jit(jax.grad(loss, argnums))`` is compiled once
@@ -222,7 +225,7 @@ def compare_policies(
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     if not policies:
-        raise ValueError("policies is empty; pass at least one, e.g. policies=('none', 'nothing')")
+        raise ValueError("policies is empty; pass at least one, e.g. policies=('no_checkpoint', 'nothing')")
     reports, steps_compiled = [], []
     for policy in policies:
         loss = _loss_for(fn, policy)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from remat._names import NO_CHECKPOINT_ALIAS, POLICY_NAMES, is_no_checkpoint
+from remat._names import NO_CHECKPOINT, NO_CHECKPOINT_ALIAS, POLICY_NAMES, is_no_checkpoint
 from remat.cli._common import (
     EXIT_OK,
     UsageError,
@@ -17,7 +17,7 @@ from remat.cli._common import (
 HELP = "compare checkpoint policies for one model: residual bytes, compiled memory, step time"
 EXAMPLE = "remat profile transformer --depth 8 --plot policies.png"
 
-DEFAULT_POLICIES = "none,nothing,dots,dots_no_batch,everything"
+DEFAULT_POLICIES = ",".join(POLICY_NAMES)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
                         help=f"comma-separated policies to compare (default {DEFAULT_POLICIES}); "
-                             "'none' = no checkpoint")
+                             f"'{NO_CHECKPOINT}' (or '{NO_CHECKPOINT_ALIAS}') = no checkpoint")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per policy, median reported (default 5)")
     parser.add_argument("--plot", metavar="FILE", default=None, help="also write a PNG of memory vs step time")
     add_keep_freed_memory_flag(parser)

@@ -13,9 +13,9 @@ from remat import scan as _scan
 from remat._core import hooks
 from remat._core.checkpoint import CheckpointOptions
 from remat.analysis import names_in_jaxpr
-from remat.policies import is_no_checkpoint, policy_name, resolve_policy
+from remat.policies import NO_CHECKPOINT, is_no_checkpoint, policy_name, resolve_policy
 
-NONE = "none"  # a region that is not checkpointed
+NONE = NO_CHECKPOINT  # a region that is not checkpointed
 AS_WRITTEN = "as written"  # a region keeps the options the user's code gave it
 
 
@@ -89,7 +89,7 @@ def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
     """``step_fn`` whose i-th checkpointed region uses ``policies[i]`` (``NONE``: no checkpoint).
 
     ``scan=(policy, groups)`` also re-decides every :func:`remat.scan.scan_layers` in the
-    step: its per-layer policy (``"none"``: no checkpoint) and ``groups`` checkpointed
+    step: its per-layer policy (``NO_CHECKPOINT``: no checkpoint) and ``groups`` checkpointed
     groups (None: one flat scan). ``sequential=k`` runs every
     :func:`remat.checkpoint_sequential` with ``k`` segments (at most its length; the
     regions it makes keep the options written).
