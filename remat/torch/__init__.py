@@ -17,8 +17,13 @@ PyTorch is imported only inside these functions; without it they raise ``ImportE
 The modules, from the bottom up:
 
 * :mod:`remat.torch.lazy`: torch imported on first use, with the install hint.
-* :mod:`remat.torch.weights`: names, layouts (the naming convention) and
-  :func:`load_torch_state`.
+* :mod:`remat.torch.layouts`: each tensor's layout from its owning torch module
+  (``nn.Linear``, HF ``Conv1D``, convolutions), ``layouts=`` overrides, tied tensors.
+* :mod:`remat.torch.pytrees`: Linen modules and ``(apply_fn, params)`` as NNX modules
+  (:func:`as_nnx`), under the same naming convention.
+* :mod:`remat.torch.outputs`: outputs as they come (HF ``ModelOutput`` s, caches) and the
+  ``output=`` selector.
+* :mod:`remat.torch.weights`: names (the naming convention) and :func:`load_torch_state`.
 * :mod:`remat.torch.checkpoint`: :func:`torch_checkpoint`.
 * :mod:`remat.torch.report`: rows, tolerances (why they are what they are) and the reports.
 * :mod:`remat.torch.harness`: what both comparisons share (dtypes, modes, layouts, calls).
@@ -36,7 +41,9 @@ from __future__ import annotations
 from remat.torch.checkpoint import torch_checkpoint
 from remat.torch.gradients import compare_gradients
 from remat.torch.harness import _jit  # noqa: F401  (tests/test_models.py: remat.crosscheck._jit)
+from remat.torch.layouts import LAYOUTS, LayoutWarning
 from remat.torch.lazy import TORCH_MISSING
+from remat.torch.pytrees import PytreeModel, as_nnx
 from remat.torch.report import TOLERANCES, TRAINING_TOLERANCES, GradientReport, Row, TrainingReport
 from remat.torch.training import OPTIMIZERS, compare_training, make_optimizers
 from remat.torch.weights import (
@@ -50,14 +57,18 @@ from remat.torch.weights import (
 
 __all__ = [
     "GradientReport",
+    "LAYOUTS",
+    "LayoutWarning",
     "LoadReport",
     "OPTIMIZERS",
+    "PytreeModel",
     "Row",
     "StateDictMismatchError",
     "TOLERANCES",
     "TORCH_MISSING",
     "TRAINING_TOLERANCES",
     "TrainingReport",
+    "as_nnx",
     "compare_gradients",
     "compare_training",
     "load_torch_state",

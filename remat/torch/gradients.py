@@ -5,6 +5,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -14,6 +15,7 @@ from remat.torch.harness import (
     _cast_jax_model,
     _cast_torch_model,
     _channels_last,
+    _check_loaded,
     _dtype_name,
     _from_jax_layout,
     _inputs,
@@ -28,28 +30,15 @@ from remat.torch.harness import (
     _wrap_jax,
 )
 from remat.torch.lazy import _torch
+from remat.torch.outputs import jax_sum, select, selectors, torch_arrays, torch_sum
+from remat.torch.pytrees import as_nnx
 from remat.torch.report import TOLERANCES, GradientReport, Row, _param_rows, _row, _tolerances
-from remat.torch.weights import _to_numpy, _variables
-
-
-def _leaves(out: Any) -> list[Any]:
-    if isinstance(out, (tuple, list)):
-        return [leaf for o in out for leaf in _leaves(o)]
-    if isinstance(out, Mapping):
-        return [leaf for k in sorted(out) for leaf in _leaves(out[k])]
-    return [out]
-
-
-def _default_loss(out: Any) -> Any:
-    total = 0
-    for leaf in _leaves(out):
-        total = total + leaf.sum()
-    return total
+from remat.torch.weights import TorchNaming, _to_numpy, _variables
 
 
 def _loss_pair(loss: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
     if loss is None:
-        return _default_loss, _default_loss
+        return jax_sum, torch_sum
     if isinstance(loss, tuple) and len(loss) == 2 and all(map(callable, loss)):
         return loss
     if callable(loss):
@@ -88,18 +77,23 @@ def compare_gradients(
     layout: str | None = None,
     checkpoint: Any = False,
     rename: Mapping[str, str] | Callable[[str], str | None] | None = None,
+    output: Any = None,
+    layouts: Mapping[str, str] | Callable[[str], str | None] | None = None,
 ) -> GradientReport:
     """Compares outputs and gradients of a JAX model and its PyTorch twin on the same inputs.
 
     Works on copies: neither model (nor its BatchNorm statistics) is changed.
 
     Args:
-      jax_model: an NNX module; load the twin's weights first (:func:`load_torch_state`).
-      torch_model: the ``torch.nn.Module``.
+      jax_model: an NNX module; or ``(linen_module, variables)`` or ``(apply_fn, params)``
+        (:func:`~remat.torch.pytrees.as_nnx`; call it yourself to give Linen train/eval
+        keyword arguments). Load the twin's weights first (:func:`load_torch_state`);
+        variables that hold no value (``nnx.eval_shape``) raise one ``ValueError`` naming them.
+      torch_model: the ``torch.nn.Module``, HF ``transformers`` models as they come.
       inputs: an array or a tuple of NumPy arrays in PyTorch's layout. Floating inputs get
         gradients (compared too); integer inputs (token ids) pass as they are.
-      loss: a function of the outputs that works on both jax and torch arrays, or a pair
-        ``(jax_loss, torch_loss)``; default: the sum of all outputs.
+      loss: a function of the (selected) outputs that works on both jax and torch arrays,
+        or a pair ``(jax_loss, torch_loss)``; default: the sum of every floating array leaf.
       rtol, atol: a tensor passes when ``max|jax - torch| <= atol + rtol * max|torch|``;
         defaults from :data:`TOLERANCES` for ``dtype``.
       dtype: ``"float32"`` or ``"float64"`` (both models are copied and cast; JAX runs
@@ -113,26 +107,47 @@ def compare_gradients(
       checkpoint: ``False`` (default) runs the models as they are; ``True`` or a policy
         (``"dots"``, a list of names, ...) wraps the whole JAX call in
         :func:`remat.checkpoint` and the torch call in ``torch.utils.checkpoint``.
+        Checkpointing per block instead (the JAX blocks under :func:`remat.checkpoint`, the
+        torch blocks under a checkpoint inside the torch model's ``forward``), use
+        :func:`torch_checkpoint` in the torch model (``x = torch_checkpoint(block, x)``)
+        rather than ``torch.utils.checkpoint.checkpoint``: torch's recomputation runs a
+        block's BatchNorm forward again and updates its running statistics twice per step,
+        while JAX's recomputation is pure; ``torch_checkpoint`` restores them after the
+        recomputation, so the ``buffer`` rows agree.
       rename: the ``rename=`` given to :func:`load_torch_state`, when the names differ.
+      output: what to compare: a function of a model's output (``lambda o: o.logits``),
+        applied to each side whose output is a container (a single array is taken as it
+        is), or a pair ``(jax_select, torch_select)``; see :mod:`remat.torch.outputs`.
+        Without it, every array leaf is compared and the others (a ``DynamicCache``) are
+        named in ``report.skipped``.
+      layouts: per-tensor layout override, as for :func:`load_torch_state` (by default
+        each kernel takes its torch owner's layout: ``nn.Linear``, HF ``Conv1D``, convs).
 
     Returns:
-      A :class:`GradientReport`; ``report.ok``, ``print(report)``, ``report.to_json()``.
+      A :class:`GradientReport`; ``report.ok``, ``print(report)``, ``report.to_json()``;
+      tensors that share storage (tied embeddings) appear once and are listed in
+      ``report.tied``.
 
     Example:
       >>> report = compare_gradients(jax_model, torch_model, (x,), dtype="float64")  # doctest: +SKIP
     """
     torch = _torch()
+    jax_model = as_nnx(jax_model)
+    _check_loaded(jax_model, "compare_gradients")
     dtype = _dtype_name(dtype)
     rtol, atol = _tolerances(TOLERANCES, dtype, rtol, atol)
     xs = _inputs(inputs)
     jax_loss, torch_loss = _loss_pair(loss)
+    jax_select, torch_select = selectors(output)
     channels_last = _channels_last(jax_model, layout)
+    naming = TorchNaming(torch_model, rename, layouts, list(_variables(jax_model)))
     float_idx = [i for i, a in enumerate(xs) if _is_float(a)]
     rows: list[Row] = []
+    skipped: list[str] = []
     with _precision(dtype):  # the starting weights themselves: a bad conversion shows here first
         start = {n: (p, v.get_value()) for n, (p, v) in _variables(_cast_jax_model(jax_model, dtype)).items()}
         rows += _param_rows("init", "weight", start, _cast_torch_model(torch_model, dtype).state_dict(), rtol, atol,
-                           rename)
+                            naming)
     for m in _modes(mode, torch_model):
         with _precision(dtype):
             jm = _cast_jax_model(jax_model, dtype)
@@ -140,7 +155,7 @@ def compare_gradients(
             _set_mode(jm, tm, m)
             # PyTorch
             txs = _torch_tensors(xs, dtype, requires_grad=True)
-            t_out = _call_torch(tm, txs, checkpoint)
+            t_out = select(torch_select, _call_torch(tm, txs, checkpoint))
             torch_loss(t_out).backward()
             t_grads = {n: p.grad if p.grad is not None else torch.zeros_like(p)
                        for n, p in tm.named_parameters()}
@@ -148,23 +163,24 @@ def compare_gradients(
             jxs = _jax_arrays(xs, dtype, channels_last)
             argnums = (0, *(i + 1 for i in float_idx))
             graphdef, state = nnx.split(jm)
-            value_and_grad = _jax_value_and_grad(_wrap_jax(jm, checkpoint), jax_loss, graphdef, argnums)
+            value_and_grad = _jax_value_and_grad(_wrap_jax(jm, checkpoint, jax_select), jax_loss, graphdef, argnums)
             j_out, grads, state = value_and_grad(state, *jxs)
             nnx.update(jm, state)  # the BatchNorm statistics of the train-mode step
-            # outputs
-            t_leaves = [_to_numpy(o) for o in _leaves(t_out)]
-            j_leaves = [_from_jax_layout(np.asarray(o), channels_last) for o in _leaves(j_out)]
-            for k, (a, b) in enumerate(zip(j_leaves, t_leaves)):
-                rows.append(_row(m, "output", f"output[{k}]" if len(t_leaves) > 1 else "output", a, b, rtol, atol))
-            if len(j_leaves) != len(t_leaves):
-                rows.append(Row(m, "output", f"outputs: jax {len(j_leaves)}, torch {len(t_leaves)}", (),
+            # outputs: array leaves in order, named as torch's; the others skipped and named
+            t_arrays, t_skipped = torch_arrays(t_out)
+            skipped += t_skipped
+            j_leaves = [_from_jax_layout(np.asarray(o), channels_last) for o in jax.tree.leaves(j_out)]
+            for (name, b), a in zip(t_arrays, j_leaves):
+                rows.append(_row(m, "output", name, a, _to_numpy(b), rtol, atol))
+            if len(j_leaves) != len(t_arrays):
+                rows.append(Row(m, "output", f"outputs: jax {len(j_leaves)} arrays, torch {len(t_arrays)}", (),
                                 math.inf, math.inf, False))
             # parameter gradients
             names = {n: (p, None) for n, (p, _) in _variables(jm).items()}
             flat = {tuple(p): v for p, v in nnx.to_flat_state(grads[0])}
             jax_grads = {n: (p, np.asarray(flat[p][...] if isinstance(flat[p], nnx.Variable) else flat[p]))
                          for n, (p, _) in names.items() if p in flat}
-            rows += _param_rows(m, "param", jax_grads, t_grads, rtol, atol, rename)
+            rows += _param_rows(m, "param", jax_grads, t_grads, rtol, atol, naming)
             # input gradients
             for k, i in enumerate(float_idx):
                 t_g = txs[i].grad
@@ -173,5 +189,5 @@ def compare_gradients(
                 rows.append(_row(m, "input", f"input[{i}]", j_g, t_g, rtol, atol))
             # running statistics after the step
             if m == "train":
-                rows += _param_rows(m, "buffer", _jax_buffers(jm), _buffers(tm), rtol, atol, rename)
-    return GradientReport(rows, dtype, rtol, atol)
+                rows += _param_rows(m, "buffer", _jax_buffers(jm), _buffers(tm), rtol, atol, naming)
+    return GradientReport(rows, dtype, rtol, atol, tied=naming.tied, skipped=sorted(set(skipped)))

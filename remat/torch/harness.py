@@ -13,8 +13,24 @@ from flax import nnx
 
 from remat.torch.checkpoint import torch_checkpoint
 from remat.torch.lazy import _torch
+from remat.torch.outputs import Select, select
 from remat.torch.report import TOLERANCES
 from remat.torch.weights import _to_numpy, _variables
+
+
+def _check_loaded(model: nnx.Module, where: str) -> None:
+    """One error naming every variable that holds no value (an ``nnx.eval_shape`` model loaded
+    with ``strict=False``), before anything runs."""
+    names = {tuple(p): n for n, (p, _) in _variables(model).items()}
+    strip = getattr(model, "_crosscheck_strip", 0)
+    abstract = [names.get(tuple(path), "/".join(map(str, path[strip:]))) for path, node in nnx.iter_graph(model)
+                if isinstance(node, nnx.Variable) and isinstance(node.get_value(), jax.ShapeDtypeStruct)]
+    if abstract:
+        raise ValueError(
+            f"{where}: variables never loaded (abstract, as nnx.eval_shape leaves them): "
+            f"{', '.join(sorted(abstract))}; "
+            "load them (load_torch_state(..., strict=True) names what the torch state lacks) or build the model "
+            "with real values")
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -116,13 +132,14 @@ def _inputs(inputs: Any) -> tuple[np.ndarray, ...]:
     return tuple(_to_numpy(a) for a in inputs)
 
 
-def _wrap_jax(jax_model: nnx.Module, checkpoint: Any) -> Callable[..., Any]:
+def _wrap_jax(jax_model: nnx.Module, checkpoint: Any, output: Select = None) -> Callable[..., Any]:
+    """``(model, *inputs) -> selected output``, the whole call under :func:`remat.checkpoint` if asked."""
     if checkpoint is False or checkpoint is None:
-        return lambda m, *xs: m(*xs)
+        return lambda m, *xs: select(output, m(*xs))
     import remat
 
     policy = None if checkpoint is True else checkpoint
-    return lambda m, *xs: remat.checkpoint(m, *xs, policy=policy)
+    return lambda m, *xs: select(output, remat.checkpoint(m, *xs, policy=policy))
 
 
 def _call_torch(torch_model: Any, xs: list[Any], checkpoint: Any) -> Any:

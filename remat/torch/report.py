@@ -19,20 +19,22 @@ entry-wise relative errors are meaningless for entries that are zero up to round
   ~0, so the float32 defaults are looser (``rtol=1e-3, atol=1e-5``); float64 stays tight
   (``rtol=1e-10, atol=1e-12``). A parameter whose gradient is exactly zero in theory (a
   bias right before a train-mode BatchNorm) gets rounding-noise gradients that Adam turns
-  into full steps of size ``lr`` in unrelated directions: leave such biases out
-  (``bias=False``).
+  into full steps of size ``lr`` in unrelated directions: leave such biases out of the
+  model (``bias=False``) or, for a model you cannot change (GPT-2's key bias inside
+  ``c_attn.bias``), out of the comparison (``compare_training(..., exclude=...)``).
 """
 from __future__ import annotations
 
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from remat.torch.weights import _IGNORED_TORCH, _renamer, _to_numpy, to_torch_layout
+from remat.torch.layouts import to_torch
+from remat.torch.weights import TorchNaming, _tied_line, _to_numpy
 
 TOLERANCES: dict[str, tuple[float, float]] = {"float32": (1e-4, 1e-6), "float64": (1e-10, 1e-12)}
 TRAINING_TOLERANCES: dict[str, tuple[float, float]] = {"float32": (1e-3, 1e-5), "float64": (1e-10, 1e-12)}
@@ -96,19 +98,22 @@ def _format_rows(rows: list[Row]) -> list[str]:
 
 
 def _param_rows(mode: str, kind: str, jax_vars: dict[str, tuple[tuple, Any]], torch_values: Mapping[str, Any],
-                rtol: float, atol: float, rename: Any = None) -> list[Row]:
-    rename_fn = _renamer(rename)
-    torch_values = {new: v for k, v in torch_values.items()
-                    if k.rsplit(".", 1)[-1] not in _IGNORED_TORCH and (new := rename_fn(k)) is not None}
+                rtol: float, atol: float, naming: TorchNaming, exclude: Any = None) -> list[Row]:
+    """One row per tensor of either side (tied tensors once), in each tensor's own layout;
+    names ``exclude`` accepts are left out."""
+    torch_values = naming.torch_side(torch_values, list(jax_vars))
     rows = []
     for name in sorted(set(jax_vars) | set(torch_values)):
+        if exclude is not None and exclude(name):
+            continue
         if name not in torch_values or name not in jax_vars:
             missing_in = "torch" if name not in torch_values else "jax"
             rows.append(Row(mode, kind, f"{name} (no {missing_in} counterpart)", (), math.inf, math.inf, False))
             continue
         path, value = jax_vars[name]
-        jax_value = to_torch_layout(str(path[-1]), np.asarray(value))
-        rows.append(_row(mode, kind, name, jax_value, _to_numpy(torch_values[name]), rtol, atol))
+        torch_value = _to_numpy(torch_values[name])
+        layout = naming.layouts.of(name, str(path[-1]), torch_value.shape)
+        rows.append(_row(mode, kind, name, to_torch(layout, np.asarray(value)), torch_value, rtol, atol))
     return rows
 
 
@@ -152,22 +157,31 @@ class GradientReport(_RowsVerdict):
         per mode one per output, parameter gradient, input gradient and running statistic.
       dtype: ``"float32"`` or ``"float64"``.
       rtol, atol: the tolerances used.
+      tied: groups of torch names that are one tensor (compared once, under the name the
+        Flax side uses).
+      skipped: output leaves that are not arrays (e.g. ``output.past_key_values``, a
+        ``DynamicCache``), named and left out.
     """
 
     rows: list[Row]
     dtype: str
     rtol: float
     atol: float
+    tied: list[tuple[str, ...]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict: ``ok``, ``dtype``, tolerances, ``max_rel_err`` and ``rows``."""
+        """A JSON-ready dict: ``ok``, ``dtype``, tolerances, ``max_rel_err``, ``rows``, ``tied``, ``skipped``."""
         return {"ok": self.ok, "dtype": self.dtype, "rtol": self.rtol, "atol": self.atol,
-                "max_rel_err": self.max_rel, "rows": [r.to_dict() for r in self.rows]}
+                "max_rel_err": self.max_rel, "rows": [r.to_dict() for r in self.rows],
+                "tied": [list(g) for g in self.tied], "skipped": self.skipped}
 
     def __str__(self) -> str:
         title = (f"gradient check, {self.dtype}, pass when max abs err <= {self.atol:g} + "
                  f"{self.rtol:g} * max|torch|: {self._verdict()}")
-        return "\n".join([title, *_format_rows(self.rows)])
+        notes = [_tied_line(self.tied)] if self.tied else []
+        notes += [f"skipped (not arrays): {', '.join(sorted(set(self.skipped)))}"] if self.skipped else []
+        return "\n".join([title, *_format_rows(self.rows), *notes])
 
 
 @dataclass
@@ -179,7 +193,8 @@ class TrainingReport(_RowsVerdict):
       steps: the number of steps.
       jax_losses, torch_losses: the loss before each step.
       rows: final-weight (and running-statistic) comparisons, plus one ``loss`` row.
-      dtype, rtol, atol: as in :class:`GradientReport`.
+      dtype, rtol, atol, tied: as in :class:`GradientReport`.
+      excluded: the names ``exclude=`` left out of the weight comparison.
     """
 
     optimizer: str
@@ -191,16 +206,21 @@ class TrainingReport(_RowsVerdict):
     dtype: str
     rtol: float
     atol: float
+    tied: list[tuple[str, ...]] = field(default_factory=list)
+    excluded: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "optimizer": self.optimizer, "steps": self.steps, "mode": self.mode,
                 "dtype": self.dtype, "rtol": self.rtol, "atol": self.atol, "max_rel_err": self.max_rel,
                 "jax_losses": self.jax_losses, "torch_losses": self.torch_losses,
-                "rows": [r.to_dict() for r in self.rows]}
+                "rows": [r.to_dict() for r in self.rows], "tied": [list(g) for g in self.tied],
+                "excluded": self.excluded}
 
     def __str__(self) -> str:
         lines = [f"training check, {self.optimizer}, {self.steps} steps, {self.mode} mode, {self.dtype}: "
                  f"{self._verdict()}",
                  "step  jax loss          torch loss"]
         lines += [f"{i:<4}  {a:<16.10g}  {b:.10g}" for i, (a, b) in enumerate(zip(self.jax_losses, self.torch_losses))]
-        return "\n".join(lines + _format_rows(self.rows))
+        notes = [_tied_line(self.tied)] if self.tied else []
+        notes += [f"excluded from the weight comparison: {', '.join(self.excluded)}"] if self.excluded else []
+        return "\n".join(lines + _format_rows(self.rows) + notes)

@@ -29,7 +29,7 @@ Why these match (``tests/test_training_parity.py`` checks each in float64):
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import jax.numpy as jnp
@@ -43,6 +43,7 @@ from remat.torch.harness import (
     _cast_jax_model,
     _cast_torch_model,
     _channels_last,
+    _check_loaded,
     _dtype_name,
     _inputs,
     _is_float,
@@ -56,8 +57,10 @@ from remat.torch.harness import (
     _wrap_jax,
 )
 from remat.torch.lazy import _torch
+from remat.torch.outputs import only_array, select, selectors
+from remat.torch.pytrees import as_nnx
 from remat.torch.report import TRAINING_TOLERANCES, TrainingReport, _param_rows, _row, _tolerances
-from remat.torch.weights import _to_numpy, _variables
+from remat.torch.weights import TorchNaming, _to_numpy, _variables
 
 OPTIMIZERS = CROSSCHECK_OPTIMIZERS
 
@@ -97,12 +100,18 @@ def make_optimizers(
 
 def _training_losses(targets: np.ndarray | None) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """``(jax_loss(out, y), torch_loss(out, y))``: cross-entropy for integer targets, MSE for
-    float targets, ``mean(out ** 2)`` without targets."""
+    float targets, ``mean(out ** 2)`` without targets; on the output's single floating
+    array (a ``ModelOutput``'s logits beside its cache)."""
     import optax
 
     torch = _torch()
+
+    def on_array(side: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return lambda out, y: fn(only_array(out, side), y)
+
     if targets is None:
-        return (lambda out, y: jnp.mean(jnp.square(out)), lambda out, y: (out ** 2).mean())
+        return (on_array("jax", lambda out, y: jnp.mean(jnp.square(out))),
+                on_array("torch", lambda out, y: (out ** 2).mean()))
     if np.issubdtype(targets.dtype, np.integer):
         def jax_ce(out, y):
             return optax.softmax_cross_entropy_with_integer_labels(out.reshape(-1, out.shape[-1]), y.reshape(-1)).mean()
@@ -110,8 +119,24 @@ def _training_losses(targets: np.ndarray | None) -> tuple[Callable[..., Any], Ca
         def torch_ce(out, y):
             return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
 
-        return jax_ce, torch_ce
-    return (lambda out, y: jnp.mean(jnp.square(out - y)), lambda out, y: torch.nn.functional.mse_loss(out, y))
+        return on_array("jax", jax_ce), on_array("torch", torch_ce)
+    return (on_array("jax", lambda out, y: jnp.mean(jnp.square(out - y))),
+            on_array("torch", lambda out, y: torch.nn.functional.mse_loss(out, y)))
+
+
+def _excluder(exclude: Any, known: set[str]) -> Callable[[str], bool] | None:
+    if exclude is None:
+        return None
+    if isinstance(exclude, str):
+        exclude = (exclude,)
+    if callable(exclude):
+        return exclude
+    names = set(exclude)
+    unknown = sorted(names - known)
+    if unknown:
+        raise ValueError(f"compare_training: exclude names no parameter: {', '.join(unknown)} "
+                         "(use the torch-style names of the report rows)")
+    return names.__contains__
 
 
 def compare_training(
@@ -135,6 +160,9 @@ def compare_training(
     rename: Mapping[str, str] | Callable[[str], str | None] | None = None,
     rtol: float | None = None,
     atol: float | None = None,
+    output: Any = None,
+    exclude: Collection[str] | Callable[[str], bool] | None = None,
+    layouts: Mapping[str, str] | Callable[[str], str | None] | None = None,
 ) -> TrainingReport:
     """Trains copies of both models on the same batch and compares losses and final weights.
 
@@ -142,19 +170,34 @@ def compare_training(
     step (optax in JAX, ``torch.optim`` in PyTorch, mapped as in the module docstring).
 
     Args:
-      jax_model, torch_model: the models, with identical weights.
+      jax_model, torch_model: the models, with identical weights; ``jax_model`` in any
+        form :func:`compare_gradients` accepts (NNX, ``(linen_module, variables)``,
+        ``(apply_fn, params)``).
       inputs: NumPy arrays in PyTorch's layout (as for :func:`compare_gradients`).
       targets: integer labels (cross-entropy over the last output axis), float targets
         (mean squared error) or ``None`` (minimise ``mean(out ** 2)``).
       optimizer: one of :data:`OPTIMIZERS`.
       lr, momentum, betas, eps, weight_decay: hyperparameters given to both optimizers.
       steps: number of optimizer steps.
-      loss: a pair ``(jax_loss(out, y), torch_loss(out, y))`` replacing the default.
+      loss: a pair ``(jax_loss(out, y), torch_loss(out, y))`` replacing the default (the
+        default works on the output's single floating array: a ``ModelOutput``'s logits
+        beside its cache; with more than one, say which with ``output=``).
       dtype: ``"float32"`` or ``"float64"``.
       mode: ``"train"`` (BatchNorm on batch statistics, running statistics updated and
         compared) or ``"eval"`` (running statistics fixed).
-      layout, checkpoint, rename: as for :func:`compare_gradients`.
+      layout, checkpoint, rename, output, layouts: as for :func:`compare_gradients`
+        (``output=`` selects what the loss sees).
       rtol, atol: defaults from :data:`TRAINING_TOLERANCES`.
+      exclude: parameters left out of the final-weight comparison (listed in
+        ``report.excluded``): torch-style names, or a predicate of the name. For
+        parameters whose gradient is zero in theory but not in rounding: Adam divides
+        the rounding noise by its own running magnitude (plus ``eps``) and steps up to
+        ``lr`` in its direction, so the two frameworks' weights part by up to ``lr`` per
+        step although the models agree. This bites in float32, where the noise is not
+        small against ``eps``. GPT-2's key bias (part of ``attn.c_attn.bias``: softmax
+        is invariant to it) and a bias right before a train-mode BatchNorm are such;
+        their gradients are still compared by :func:`compare_gradients`. Example:
+        ``exclude=lambda n: n.endswith("c_attn.bias")``.
 
     Returns:
       A :class:`TrainingReport`.
@@ -163,6 +206,8 @@ def compare_training(
       >>> r = compare_training(jm, tm, (x,), y, optimizer="adam", steps=5)  # doctest: +SKIP
     """
     _torch()  # fail early, with the install hint, when PyTorch is missing
+    jax_model = as_nnx(jax_model)
+    _check_loaded(jax_model, "compare_training")
     dtype = _dtype_name(dtype)
     rtol, atol = _tolerances(TRAINING_TOLERANCES, dtype, rtol, atol)
     if optimizer not in OPTIMIZERS:
@@ -178,6 +223,10 @@ def compare_training(
         jax_loss, torch_loss = loss
     else:
         raise TypeError("loss must be a pair (jax_loss(out, y), torch_loss(out, y))")
+    jax_select, torch_select = selectors(output)
+    flax_names = list(_variables(jax_model))
+    naming = TorchNaming(torch_model, rename, layouts, flax_names)
+    excluded_by = _excluder(exclude, set(flax_names) | set(naming.names.values()))
     channels_last = _channels_last(jax_model, layout)
     with _precision(dtype):
         jm = _cast_jax_model(jax_model, dtype)
@@ -191,7 +240,7 @@ def compare_training(
         torch_losses = []
         for _ in range(steps):
             topt.zero_grad()
-            value = torch_loss(_call_torch(tm, txs, checkpoint), ty)
+            value = torch_loss(select(torch_select, _call_torch(tm, txs, checkpoint)), ty)
             value.backward()
             topt.step()
             torch_losses.append(float(value.detach()))
@@ -199,7 +248,7 @@ def compare_training(
         jxs = _jax_arrays(xs, dtype, channels_last)
         jy = None if y is None else (jnp.asarray(y) if not _is_float(y) else jnp.asarray(y, dtype=dtype))
         opt = nnx.Optimizer(jm, tx, wrt=nnx.Param)
-        call = _wrap_jax(jm, checkpoint)
+        call = _wrap_jax(jm, checkpoint, jax_select)
         graphdef, state = nnx.split((jm, opt))
 
         @_jit
@@ -216,7 +265,9 @@ def compare_training(
         nnx.update((jm, opt), state)
         rows = [_row(mode, "loss", "loss curve", np.array(jax_losses), np.array(torch_losses), rtol, atol)]
         jax_params = {n: (p, v.get_value()) for n, (p, v) in _variables(jm).items() if isinstance(v, nnx.Param)}
-        rows += _param_rows(mode, "param", jax_params, dict(tm.named_parameters()), rtol, atol, rename)
+        rows += _param_rows(mode, "param", jax_params, dict(tm.named_parameters()), rtol, atol, naming, excluded_by)
         if mode == "train":
-            rows += _param_rows(mode, "buffer", _jax_buffers(jm), _buffers(tm), rtol, atol, rename)
-    return TrainingReport(optimizer, steps, mode, jax_losses, torch_losses, rows, dtype, rtol, atol)
+            rows += _param_rows(mode, "buffer", _jax_buffers(jm), _buffers(tm), rtol, atol, naming, excluded_by)
+    excluded = sorted(n for n in set(flax_names) | set(naming.names.values()) if excluded_by and excluded_by(n))
+    return TrainingReport(optimizer, steps, mode, jax_losses, torch_losses, rows, dtype, rtol, atol,
+                          tied=naming.tied, excluded=excluded)
