@@ -8,13 +8,13 @@ gradient's root mean square) would turn that rounding noise into full-size steps
 differ between the frameworks. The JAX model takes
 NHWC images, the twin NCHW; :func:`remat.crosscheck.compare_gradients` transposes for you.
 
-BatchNorm follows PyTorch exactly (:class:`BatchNorm`): batch statistics in train mode,
-running statistics in eval mode (``model.train()`` / ``model.eval()`` in both), and the
-running averages updated as ``r = momentum * r + (1 - momentum) * stat`` with Flax's
-momentum convention (``momentum=0.9`` here is ``momentum=0.1`` in torch) and, as in torch,
-the *unbiased* batch variance ``var * n / (n - 1)`` in the running-variance update
-(``nnx.BatchNorm`` uses the biased one; the normalisation itself uses the biased one in
-all three).
+BatchNorm follows PyTorch exactly (:class:`remat.ops.BatchNorm`, also importable here as
+``BatchNorm``): batch statistics in train mode, running statistics in eval mode
+(``model.train()`` / ``model.eval()`` in both), and the running averages updated as
+``r = momentum * r + (1 - momentum) * stat`` with Flax's momentum convention
+(``momentum=0.9`` here is ``momentum=0.1`` in torch) and, as in torch, the *unbiased*
+batch variance ``var * n / (n - 1)`` in the running-variance update (``nnx.BatchNorm``
+uses the biased one; the normalisation itself uses the biased one in all three).
 
 Example:
   >>> from remat.models import cnn
@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -35,6 +34,7 @@ import remat
 from remat import ops
 from remat.models._settings import RematSettings, jax_block, torch_block
 from remat.models._twin import build_pair
+from remat.ops import BatchNorm  # public in remat.ops; the name models.cnn.BatchNorm stays
 
 CHECKPOINT_NAMES = ("conv_out",)
 BN_EPS = 1e-5
@@ -57,30 +57,6 @@ class CNNConfig:
         if self.pool not in ("max", "avg"):
             raise ValueError(f"CNNConfig(pool={self.pool!r}): use 'max' or 'avg'")
         object.__setattr__(self, "channels", tuple(self.channels))
-
-
-class BatchNorm(nnx.BatchNorm):
-    """``nnx.BatchNorm`` (channels last) with PyTorch's running-variance update.
-
-    The same variables (``scale``, ``bias``, ``mean``, ``var``) and momentum convention as
-    ``nnx.BatchNorm``; only the running variance differs: it averages the unbiased batch
-    variance, as ``torch.nn.BatchNorm2d`` does.
-    """
-
-    def __call__(self, x: jax.Array, use_running_average: bool | None = None) -> jax.Array:
-        use_running_average = self.use_running_average if use_running_average is None else use_running_average
-        axes = tuple(range(x.ndim - 1))
-        if use_running_average:
-            mean, var = self.mean[...], self.var[...]
-        else:
-            mean = x.mean(axes)
-            var = jnp.square(x - mean).mean(axes)
-            n = x.size // x.shape[-1]
-            m = self.momentum
-            self.mean[...] = jax.lax.stop_gradient(m * self.mean[...] + (1 - m) * mean)
-            self.var[...] = jax.lax.stop_gradient(m * self.var[...] + (1 - m) * var * (n / max(n - 1, 1)))
-        y = (x - mean) * jax.lax.rsqrt(var + self.epsilon)
-        return y * self.scale[...] + self.bias[...]
 
 
 class ConvBlock(nnx.Module):

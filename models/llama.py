@@ -1,0 +1,223 @@
+"""A Llama-style decoder in Flax NNX whose PyTorch twin is ``transformers.LlamaForCausalLM``.
+
+Token embedding, ``depth`` pre-norm decoder layers (RMSNorm, grouped-query causal
+self-attention with rotary position embeddings, RMSNorm, SwiGLU MLP), a final RMSNorm and
+an LM head without bias, untied, as in HuggingFace's Llama. The attribute names follow
+HuggingFace's (``model.layers.0.self_attn.q_proj``, ``model.norm``, ``lm_head``), so that
+:func:`remat.crosscheck.load_torch_state` fills the NNX model from the stock
+``LlamaForCausalLM`` (random init from a tiny ``transformers.LlamaConfig``) without
+``rename=``. Each decoder layer is one block of :class:`RematSettings`: the NNX layer is
+checkpointed with :func:`remat.checkpoint`, the twin's layer with HuggingFace's own
+activation checkpointing (``activation_checkpointing_enable``). Inside each layer the
+attention output is tagged ``"attn_out"`` and the SwiGLU product ``"mlp_hidden"``.
+
+The rotary tables, the RMSNorm statistics and the softmax are computed in the model's
+dtype. HuggingFace computes the rotary tables and RMSNorm in float32 whatever the model's
+dtype (and the softmax too with ``attn_implementation="eager"``; the twin keeps the default
+``"sdpa"``), so a float64 check against the stock model cannot get below float32's
+rounding (:data:`TOLERANCES`; the README names the exact lines and the floor measured).
+
+Needs ``transformers`` for the twin only (``pip install 'remat[hf]'``); the NNX model
+needs nothing beyond JAX and Flax.
+
+Example:
+  >>> from remat.models import llama
+  >>> jm, tm, (ids,) = llama.build(llama.LlamaConfig())  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import remat
+from remat import ops
+from remat.models._hf import checkpoint_hf_layers, transformers_module
+from remat.models._settings import RematSettings, jax_block
+from remat.models._twin import build_pair
+
+CHECKPOINT_NAMES = ("attn_out", "mlp_hidden")
+
+#: ``dtype -> (rtol, atol)`` against the stock twin where the library's defaults are too tight.
+#: float64: HuggingFace's rotary tables and RMSNorm run in float32, so the gradients agree to
+#: a few float32 ulps (the worst measured: README) and no better.
+TOLERANCES = {"float64": (1e-6, 1e-12)}
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Sizes and remat settings of :class:`LlamaForCausalLM` (and of its twin's ``transformers.LlamaConfig``)."""
+
+    vocab: int = 64
+    width: int = 32
+    depth: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    mlp_width: int = 64
+    seq_len: int = 8
+    batch: int = 2
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    remat: RematSettings = field(default_factory=RematSettings)
+
+    def __post_init__(self) -> None:
+        if self.width % self.heads or self.heads % self.kv_heads:
+            raise ValueError(f"LlamaConfig: width={self.width} must divide by heads={self.heads}, "
+                             f"and heads by kv_heads={self.kv_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.heads
+
+
+def rotary_tables(seq_len: int, head_dim: int, theta: float, dtype: Any) -> tuple[jax.Array, jax.Array]:
+    """``(cos, sin)`` of shape ``(seq_len, head_dim)``: HuggingFace's default rotary embedding, in ``dtype``."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=dtype) / head_dim))
+    freqs = jnp.arange(seq_len, dtype=dtype)[:, None] * inv_freq[None, :]
+    angles = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def _rotate_half(x: jax.Array) -> jax.Array:
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    return jnp.concatenate([-x2, x1], axis=-1)
+
+
+class LlamaAttention(nnx.Module):
+    """Causal grouped-query self-attention with rotary embeddings, ``(B, T, C) -> (B, T, C)``."""
+
+    def __init__(self, config: LlamaConfig, *, rngs: nnx.Rngs):
+        hd = config.head_dim
+        self.q_proj = nnx.Linear(config.width, config.heads * hd, use_bias=False, rngs=rngs)
+        self.k_proj = nnx.Linear(config.width, config.kv_heads * hd, use_bias=False, rngs=rngs)
+        self.v_proj = nnx.Linear(config.width, config.kv_heads * hd, use_bias=False, rngs=rngs)
+        self.o_proj = nnx.Linear(config.heads * hd, config.width, use_bias=False, rngs=rngs)
+        self.heads, self.kv_heads, self.head_dim = config.heads, config.kv_heads, hd
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+        b, t, _ = x.shape
+
+        def heads(a: jax.Array, n: int) -> jax.Array:
+            return a.reshape(b, t, n, self.head_dim).transpose(0, 2, 1, 3)
+
+        q, k, v = heads(self.q_proj(x), self.heads), heads(self.k_proj(x), self.kv_heads), \
+            heads(self.v_proj(x), self.kv_heads)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        groups = self.heads // self.kv_heads  # HuggingFace's repeat_kv: each kv head serves `groups` q heads
+        k, v = jnp.repeat(k, groups, axis=1), jnp.repeat(v, groups, axis=1)
+        scores = (q @ k.transpose(0, 1, 3, 2)) * self.head_dim ** -0.5
+        causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+        y = ops.softmax(scores, axis=-1, where=causal) @ v
+        return self.o_proj(y.transpose(0, 2, 1, 3).reshape(b, t, self.heads * self.head_dim))
+
+
+class LlamaMLP(nnx.Module):
+    """SwiGLU: ``down_proj(silu(gate_proj(x)) * up_proj(x))``; the product is tagged."""
+
+    def __init__(self, config: LlamaConfig, *, rngs: nnx.Rngs):
+        self.gate_proj = nnx.Linear(config.width, config.mlp_width, use_bias=False, rngs=rngs)
+        self.up_proj = nnx.Linear(config.width, config.mlp_width, use_bias=False, rngs=rngs)
+        self.down_proj = nnx.Linear(config.mlp_width, config.width, use_bias=False, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = remat.checkpoint_name(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x), "mlp_hidden")
+        return self.down_proj(h)
+
+
+def _rms_norm(config: LlamaConfig, rngs: nnx.Rngs) -> nnx.RMSNorm:
+    return nnx.RMSNorm(config.width, epsilon=config.rms_eps, rngs=rngs)
+
+
+class LlamaDecoderLayer(nnx.Module):
+    """``x + self_attn(input_layernorm(x))``, then ``x + mlp(post_attention_layernorm(x))``."""
+
+    def __init__(self, config: LlamaConfig, *, rngs: nnx.Rngs):
+        self.self_attn = LlamaAttention(config, rngs=rngs)
+        self.mlp = LlamaMLP(config, rngs=rngs)
+        self.input_layernorm = _rms_norm(config, rngs)
+        self.post_attention_layernorm = _rms_norm(config, rngs)
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+        x = x + remat.checkpoint_name(self.self_attn(self.input_layernorm(x), cos, sin), "attn_out")
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nnx.Module):
+    """Embedding, decoder layers (each a remat block) and the final norm: ids -> hidden states."""
+
+    def __init__(self, config: LlamaConfig, *, rngs: nnx.Rngs):
+        self.embed_tokens = nnx.Embed(config.vocab, config.width, rngs=rngs)
+        self.layers = nnx.data([LlamaDecoderLayer(config, rngs=rngs) for _ in range(config.depth)])
+        self.norm = _rms_norm(config, rngs)
+        self.settings = config.remat
+        self.head_dim, self.rope_theta = config.head_dim, config.rope_theta
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        x = self.embed_tokens(ids)
+        cos, sin = rotary_tables(ids.shape[1], self.head_dim, self.rope_theta, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = jax_block(self.settings, i, layer, x, cos, sin, tagged=CHECKPOINT_NAMES)
+        return self.norm(x)
+
+
+class LlamaForCausalLM(nnx.Module):
+    """The Flax NNX Llama: token ids ``(B, T)`` -> logits ``(B, T, vocab)``."""
+
+    def __init__(self, config: LlamaConfig, *, rngs: nnx.Rngs):
+        self.model = LlamaModel(config, rngs=rngs)
+        self.lm_head = nnx.Linear(config.width, config.vocab, use_bias=False, rngs=rngs)
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        return self.lm_head(self.model(ids))
+
+
+def hf_config(config: LlamaConfig) -> Any:
+    """The ``transformers.LlamaConfig`` of the twin: the same sizes, no KV cache (a training setup)."""
+    t = transformers_module()
+    return t.LlamaConfig(
+        vocab_size=config.vocab, hidden_size=config.width, intermediate_size=config.mlp_width,
+        num_hidden_layers=config.depth, num_attention_heads=config.heads, num_key_value_heads=config.kv_heads,
+        max_position_embeddings=config.seq_len, rms_norm_eps=config.rms_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        bos_token_id=0, eos_token_id=1, use_cache=False)
+
+
+def make_torch_model(config: LlamaConfig) -> Any:
+    """The stock ``transformers.LlamaForCausalLM`` (its own random init), checkpointed per ``config.remat``."""
+    model = transformers_module().LlamaForCausalLM(hf_config(config))
+    checkpoint_hf_layers(model, model.model.layers, config.remat)
+    return model
+
+
+def example_inputs(config: LlamaConfig, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """Token ids ``(batch, seq_len)``, int64 as PyTorch's embeddings expect."""
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, config.vocab, size=(config.batch, config.seq_len)).astype(np.int64),)
+
+
+def example_targets(config: LlamaConfig, seed: int = 0) -> np.ndarray:
+    """Next-token labels ``(batch, seq_len)`` for a cross-entropy training run."""
+    rng = np.random.default_rng(seed + 1)
+    return rng.integers(0, config.vocab, size=(config.batch, config.seq_len)).astype(np.int64)
+
+
+def build(config: LlamaConfig | None = None, seed: int = 0) -> tuple[Any, Any, tuple]:
+    """``(jax_model, hf_model, example_inputs)`` with identical weights (HuggingFace's init).
+
+    Args:
+      config: the sizes; the default is small enough for tests.
+      seed: seeds torch's initialisation and the example batch.
+
+    Returns:
+      The NNX model, the ``transformers.LlamaForCausalLM`` and a tuple of NumPy token ids.
+
+    Raises:
+      ImportError: one line, when ``transformers`` is not installed.
+    """
+    config = config if config is not None else LlamaConfig()
+    jax_model, torch_model = build_pair(LlamaForCausalLM, make_torch_model, config, seed)
+    return jax_model, torch_model, example_inputs(config, seed)
