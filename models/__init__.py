@@ -8,6 +8,8 @@ twin's weights into the NNX model so that both start identical.
 
 :data:`MODELS` is the one registry of the built-in models: small configs suitable for fast
 tests, and what training each needs (its NNX class, its kind of data, its batch size);
+:data:`HF_MODELS` holds the twins whose PyTorch side is a stock ``transformers`` model
+(``llama``, ``gpt2``, ``resnet``; the ``[hf]`` extra);
 :func:`load_factory` loads a user's ``path/to/file.py:factory``. :mod:`remat.models.tasks`
 turns a registry name or a factory into a training task (model, data, loss), for
 ``remat train``/``plan``/``profile`` and the benchmarks; :mod:`remat.models.datasets`
@@ -29,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from remat.models import cnn, mlp, seed, transformer
+from remat.models import cnn, gpt2, hf_resnet, llama, mlp, seed, transformer
 from remat.models._settings import NAMES, RematSettings
 
 Factory = Callable[..., tuple[Any, Any, tuple]]
@@ -43,6 +45,10 @@ class ModelEntry:
     ``module`` is the NNX class (built as ``module(config, rngs=nnx.Rngs(seed))``, no
     PyTorch needed), ``task`` the kind of data (``"regression"``, ``"char-lm"`` or
     ``"images"``, see :mod:`remat.models.datasets`) and ``train_batch`` the default batch.
+    ``tolerances`` maps a dtype to the ``(rtol, atol)`` its cross-check needs where the
+    library's defaults are too tight for the twin (HuggingFace's float32 islands);
+    ``training_tolerances`` the same for the training comparison, and ``training_exclude``
+    the parameters it leaves out (``compare_training(exclude=)``: gradients zero in theory).
     """
 
     name: str
@@ -54,6 +60,9 @@ class ModelEntry:
     module: type | None = None
     task: str | None = None
     train_batch: int = 32
+    tolerances: Any = dataclasses.field(default_factory=dict)
+    training_tolerances: Any = dataclasses.field(default_factory=dict)
+    training_exclude: Any = None
 
     def build(self, remat: RematSettings | None = None, seed: int = 0, **overrides: Any) -> tuple[Any, Any, tuple]:
         """``(jax_model, torch_model, example_inputs)`` for the default config.
@@ -95,10 +104,31 @@ MODELS: dict[str, ModelEntry] = {
         cnn.CNNConfig(), cnn.build, cnn.example_targets, cnn.CHECKPOINT_NAMES, module=cnn.CNN, task="images"),
 }
 
+#: Twins that come from ``transformers`` rather than this repository: the PyTorch side *is*
+#: the stock HuggingFace model (random init from a tiny config). Their ``build`` needs the
+#: ``[hf]`` extra; ``remat crosscheck llama|gpt2|resnet`` runs them.
+HF_MODELS: dict[str, ModelEntry] = {
+    "llama": ModelEntry(
+        "llama", "transformers.LlamaForCausalLM: depth 2, width 32, 4 heads / 2 kv heads, RoPE, SwiGLU, seq 8",
+        llama.LlamaConfig(), llama.build, llama.example_targets, llama.CHECKPOINT_NAMES,
+        module=llama.LlamaForCausalLM, tolerances=llama.TOLERANCES,
+        training_tolerances=llama.TRAINING_TOLERANCES, training_exclude=llama.TRAINING_EXCLUDE),
+    "gpt2": ModelEntry(
+        "gpt2", "transformers.GPT2LMHeadModel: depth 2, width 32, 4 heads, Conv1D, tied head, seq 8",
+        gpt2.GPT2Config(), gpt2.build, gpt2.example_targets, gpt2.CHECKPOINT_NAMES,
+        module=gpt2.GPT2LMHeadModel, tolerances=gpt2.TOLERANCES,
+        training_tolerances=gpt2.TRAINING_TOLERANCES, training_exclude=gpt2.TRAINING_EXCLUDE),
+    "resnet": ModelEntry(
+        "resnet", "transformers.ResNetForImageClassification: basic layers, 2 stages, 16x16 images",
+        hf_resnet.ResNetConfig(), hf_resnet.build, hf_resnet.example_targets, hf_resnet.CHECKPOINT_NAMES,
+        module=hf_resnet.ResNetForImageClassification, tolerances=hf_resnet.TOLERANCES,
+        training_tolerances=hf_resnet.TRAINING_TOLERANCES, training_exclude=hf_resnet.TRAINING_EXCLUDE),
+}
+
 
 def is_factory_spec(model: str) -> bool:
     """Whether ``model`` names a factory (``path/to/file.py:factory``) rather than an entry of :data:`MODELS`."""
-    return model not in MODELS and (":" in model or model.endswith(".py"))
+    return model not in MODELS and model not in HF_MODELS and (":" in model or model.endswith(".py"))
 
 
 def load_factory(spec: str) -> Factory:
@@ -160,5 +190,5 @@ def call_factory(factory: Factory, **offered: Any) -> tuple[Any, frozenset[str]]
     return factory(**passed), frozenset(passed)
 
 
-__all__ = ["MODELS", "NAMES", "ModelEntry", "RematSettings", "call_factory", "is_factory_spec", "load_factory", "cnn",
-           "mlp", "seed", "transformer"]
+__all__ = ["HF_MODELS", "MODELS", "NAMES", "ModelEntry", "RematSettings", "call_factory", "is_factory_spec",
+           "load_factory", "cnn", "gpt2", "hf_resnet", "llama", "mlp", "seed", "transformer"]

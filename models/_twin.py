@@ -1,6 +1,8 @@
-"""The shared ``build`` step: a PyTorch twin, and an NNX model holding the very same weights."""
+"""The shared ``build`` step (a PyTorch twin, and an NNX model holding the very same weights),
+and checkpointing applied to both twins from outside."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -33,3 +35,66 @@ def build_pair(jax_cls: type[nnx.Module], make_torch_model: Callable[[Any], Any]
     jax_model = nnx.eval_shape(lambda: jax_cls(config, rngs=nnx.Rngs(seed)))
     load_torch_state(jax_model, torch_model)
     return jax_model, torch_model
+
+
+def apply_checkpointing_pair(jax_model: nnx.Module, torch_model: Any, check_fn: Any, *, every: int = 1,
+                             **checkpoint_kwargs: Any) -> list[tuple[Any, ...]]:
+    """Checkpoints the same submodules in both twins, each with its framework's own tool.
+
+    The NNX model through :func:`remat.apply_checkpointing` (``check_fn``, ``every`` and
+    the keywords as there); the PyTorch twin through torch.distributed's
+    ``apply_activation_checkpointing`` with ``checkpoint_wrapper`` (non-reentrant), on its
+    modules at the same paths (``("blocks", 0)`` is ``blocks.0``). PyTorch's wrapper adds
+    ``_checkpoint_wrapped_module.`` to the twin's parameter names (not to its
+    ``state_dict``); :mod:`remat.crosscheck` reads names through it.
+
+    Args:
+      jax_model: the NNX model, changed in place.
+      torch_model: its twin, changed in place.
+      check_fn: ``check_fn(path, module)``, a class or a tuple of classes, judged on the NNX model.
+
+    Returns:
+      The paths checkpointed in both.
+
+    Example:
+      >>> paths = apply_checkpointing_pair(jax_model, torch_model, mlp.Block)  # doctest: +SKIP
+    """
+    import remat
+
+    names = dict(torch_model.named_modules())
+    # the twin is checked before the NNX model is touched
+    would = remat.apply_checkpointing(nnx.clone(jax_model), check_fn, every=every, **checkpoint_kwargs)
+    missing = [p for p in would if _torch_path(p) not in names or not p]
+    if missing:
+        raise ValueError(f"the PyTorch twin has no submodule {_torch_path(missing[0]) or '(the root)'} to wrap; "
+                         "the twins' attribute names must match")
+    paths = remat.apply_checkpointing(jax_model, check_fn, every=every, **checkpoint_kwargs)
+    apply_torch_checkpointing(torch_model, paths)
+    return paths
+
+
+def apply_torch_checkpointing(torch_model: Any, paths: list[tuple[Any, ...]]) -> None:
+    """torch.distributed's ``apply_activation_checkpointing`` on the twin's submodules at ``paths``.
+
+    Each is wrapped in ``checkpoint_wrapper`` (non-reentrant) whose checkpoint function is
+    :func:`remat.crosscheck.torch_checkpoint`: ``torch.utils.checkpoint`` itself, except that
+    BatchNorm running statistics are restored after the recomputation, which would otherwise
+    update them a second time (JAX's recomputation updates nothing).
+    """
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+
+    from remat.crosscheck import torch_checkpoint
+
+    names = dict(torch_model.named_modules())
+    chosen = {id(names[_torch_path(p)]) for p in paths}
+    wrapper = functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                checkpoint_fn=torch_checkpoint)
+    apply_activation_checkpointing(torch_model, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: id(m) in chosen)
+
+
+def _torch_path(path: tuple[Any, ...]) -> str:
+    return ".".join(map(str, path))

@@ -47,6 +47,9 @@ BN_MOMENTUM = 0.9  # Flax convention: torch.nn.BatchNorm2d's default momentum=0.
 #: ``dtype -> (rtol, atol)`` against the stock twin: none needed (no float32 islands).
 TOLERANCES: dict[str, tuple[float, float]] = {}
 
+TRAINING_TOLERANCES: dict[str, tuple[float, float]] = {}
+TRAINING_EXCLUDE = None  # no parameter has a gradient that is zero in theory
+
 
 @dataclass(frozen=True)
 class ResNetConfig:

@@ -5,6 +5,7 @@ The public surface::
     remat.checkpoint(fn, *args, policy=None, ...)    # call form, decorator, Flax modules
     remat.checkpoint_sequential(functions, segments, input)
     remat.checkpoint_name(x, "name")                 # tag a value for name-based policies
+    remat.apply_checkpointing(model, Block)          # checkpoint a model's blocks without editing it
     remat.policies                                   # named and composable policies
     remat.ops                                        # LayerNorm, GELU, ... keeping PyTorch's saved set
     remat.residual_budget(0.5)                       # per region: keep at most half its residual bytes
@@ -27,6 +28,9 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, tuple[str, str | None]] = {
     "checkpoint": ("remat._core.checkpoint", "checkpoint"),
     "checkpoint_sequential": ("remat._core.sequential", "checkpoint_sequential"),
+    "apply_checkpointing": ("remat._core.apply", "apply_checkpointing"),
+    "remove_checkpointing": ("remat._core.apply", "remove_checkpointing"),
+    "checkpointed": ("remat._core.apply", "checkpointed"),
     "checkpoint_name": ("jax.ad_checkpoint", "checkpoint_name"),
     "CheckpointPolicy": ("remat.policies", "CheckpointPolicy"),
     "policies": ("remat.policies", None),
@@ -58,6 +62,9 @@ if TYPE_CHECKING:
     from remat import ops as ops
     from remat import policies as policies
     from remat import scan as scan
+    from remat._core.apply import apply_checkpointing as apply_checkpointing
+    from remat._core.apply import checkpointed as checkpointed
+    from remat._core.apply import remove_checkpointing as remove_checkpointing
     from remat._core.checkpoint import checkpoint as checkpoint
     from remat._core.sequential import checkpoint_sequential as checkpoint_sequential
     from remat.analysis import compare_policies as compare_policies

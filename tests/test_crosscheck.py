@@ -123,7 +123,8 @@ def test_non_strict_copies_what_matches():
     del sd["head.bias"]
     sd["extra.weight"] = torch.zeros(3)
     sd["inp.weight"] = torch.zeros(5, 5)
-    report = load_torch_state(jm, sd, strict=False)
+    with pytest.warns(UserWarning, match="square weights blocks.0.linear.weight.*by a guess"):
+        report = load_torch_state(jm, sd, strict=False)  # a bare state dict: orientation guessed
     assert not report.ok
     assert report.missing == ["head.bias"] and report.unexpected == ["extra.weight"]
     assert report.mismatched == ["inp.weight"]
@@ -276,9 +277,9 @@ def test_cli_training(capsys):
 
 
 def test_cli_usage_errors(capsys, tmp_path):
-    assert main(["crosscheck", "resnet"]) == 2
+    assert main(["crosscheck", "vgg"]) == 2
     err = capsys.readouterr().err
-    assert "unknown model 'resnet'" in err and "transformer" in err and "seed-mymodel" in err
+    assert "unknown model 'vgg'" in err and "transformer" in err and "seed-mymodel" in err
     assert main(["crosscheck", "nofile.py:make"]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["crosscheck", "a:b:c"]) == 2

@@ -161,10 +161,16 @@ def test_llama_float64_reaches_1e10_once_hf_float32_islands_are_float64(monkeypa
 @pytest.mark.parametrize("name, dtype", [
     pytest.param(n, d, marks=pytest.mark.slow) for n in NAMES for d in ("float32", "float64")])
 def test_cli_crosscheck_passes(name, dtype, capsys):
-    assert main(["crosscheck", name, "--dtype", dtype, "--json"]) == 0
+    """Gradients and three AdamW steps, with each model's own tolerances and exclusions."""
+    assert main(["crosscheck", name, "--dtype", dtype, "--steps", "3", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     rtol = _tolerances(name, dtype)[0] or crosscheck.TOLERANCES[dtype][0]
     assert result["ok"] and result["gradients"]["rtol"] == rtol
+    training = result["training"]
+    assert training["ok"] and len(training["rows"]) > 10
+    # GPT-2 leaves out its attention biases (zero-in-theory key gradients), nothing else does
+    expected = [f"transformer.h.{i}.attn.c_attn.bias" for i in range(2)] if name == "gpt2" else []
+    assert training["excluded"] == expected
 
 
 def test_missing_transformers_is_one_line_naming_the_extra(monkeypatch, capsys):

@@ -123,12 +123,12 @@ def test_factory_trains_with_its_train_loss(capsys, tmp_path):
 @pytest.mark.slow
 def test_saves_then_refuses_to_overwrite_and_resumes_in_process(capsys, tmp_path):
     save = tmp_path / "run"
-    first = train(capsys, "mlp", "--steps", "4", "--every", "2", "--save-dir", str(save), *TINY["mlp"])
+    first = train(capsys, "mlp", "--steps", "4", "--save-every", "2", "--save-dir", str(save), *TINY["mlp"])
     assert first["saved_steps"] == [2, 4]
     assert main(["train", "mlp", "--steps", "4", "--save-dir", str(save), *TINY["mlp"]]) == 2
     err = capsys.readouterr().err
     assert "already holds saves" in err and "--resume" in err
-    more = train(capsys, "mlp", "--steps", "6", "--every", "2", "--save-dir", str(save), "--resume", *TINY["mlp"])
+    more = train(capsys, "mlp", "--steps", "6", "--save-every", "2", "--save-dir", str(save), "--resume", *TINY["mlp"])
     assert more["resumed_from"] == 4 and more["steps_run"] == 2 and len(more["losses"]) == 6
     assert more["losses"][:4] == first["losses"]
     assert more["saved_steps"] == [4, 6]  # the last two are kept
@@ -256,7 +256,7 @@ def _two_processes(*argv: str) -> list[dict]:
 def test_two_processes_give_the_one_process_losses_and_resume(mlp_run, tmp_path):
     """A real multi-process run, saved half-way with orbax and resumed by both processes."""
     save = str(tmp_path / "run")
-    first = _two_processes("mlp", "--steps", "10", "--every", "5", "--save-dir", save, *TINY["mlp"])
+    first = _two_processes("mlp", "--steps", "10", "--save-every", "5", "--save-dir", save, *TINY["mlp"])
     resumed = _two_processes("mlp", "--steps", "20", "--resume", "--save-dir", save, *TINY["mlp"])
     for a, b in zip(first, resumed):
         assert a["devices"] == b["devices"] == 4 and a["processes"] == 2
@@ -284,7 +284,7 @@ def test_killed_run_resumes_to_exactly_the_uninterrupted_losses(tmp_path):
     """
     save = str(tmp_path / "run")
     steps = 300
-    args = ["mlp", "--steps", str(steps), "--every", "10", *TINY["mlp"], "--json"]
+    args = ["mlp", "--steps", str(steps), "--save-every", "10", *TINY["mlp"], "--json"]
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen([sys.executable, "-m", "remat", "train", *args, "--save-dir", save],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=env)

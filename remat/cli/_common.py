@@ -83,12 +83,71 @@ def build_task(args: Any, *, policy: str | None = None, budget: float | None = N
 
     ``policy`` and ``budget`` are passed apart: ``remat plan``'s ``--budget`` is a memory
     budget, not the task's. A :class:`~remat.models.tasks.TaskError` becomes a
-    :class:`UsageError` that names the flags.
+    :class:`UsageError` that names the flags. With ``--checkpoint CLASSNAME`` the model is
+    built without its own checkpoints and :func:`remat.apply_checkpointing` checkpoints the
+    modules of those classes instead, with ``policy`` or ``budget``.
     """
     from remat.models.tasks import TaskError, make_task
 
+    classes = getattr(args, "checkpoint", None)
     try:
-        return make_task(args.model, seed=args.seed, policy=policy, budget=budget, depth=args.depth,
-                         width=args.width, seq_len=args.seq_len, batch_size=args.batch_size)
+        if not classes:
+            return make_task(args.model, seed=args.seed, policy=policy, budget=budget, depth=args.depth,
+                             width=args.width, seq_len=args.seq_len, batch_size=args.batch_size)
+        from remat.models import MODELS
+
+        own = "no_checkpoint" if args.model in MODELS else None  # a factory's model stays as built
+        task = make_task(args.model, seed=args.seed, policy=own, depth=args.depth, width=args.width,
+                         seq_len=args.seq_len, batch_size=args.batch_size)
     except TaskError as e:
         raise UsageError(e.spelled(flag)) from None
+    _apply_checkpoint_flags(task, classes, getattr(args, "checkpoint_every", None) or 1, policy, budget)
+    return task
+
+
+def add_checkpoint_flags(parser: Any, *, every_aliases: tuple[str, ...] = ()) -> None:
+    """``--checkpoint CLASSNAME`` (repeatable) and ``--checkpoint-every K``: :func:`remat.apply_checkpointing`."""
+    parser.add_argument("--checkpoint", action="append", default=None, metavar="CLASSNAME",
+                        help="checkpoint every module of this class with remat.apply_checkpointing instead of "
+                             "the model's own checkpoints (repeatable; e.g. --checkpoint Block)")
+    parser.add_argument("--checkpoint-every", *every_aliases, dest="checkpoint_every", type=int, default=None,
+                        metavar="K", help="with --checkpoint: only every K-th matching module (default 1: all)")
+
+
+def validate_checkpoint_flags(args: Any) -> None:
+    every = getattr(args, "checkpoint_every", None)
+    if every is not None and not getattr(args, "checkpoint", None):
+        raise UsageError(f"--checkpoint-every {every} needs --checkpoint CLASSNAME (the modules to count)")
+    if every is not None and every < 1:
+        raise UsageError(f"--checkpoint-every must be at least 1, got {every}")
+
+
+def _apply_checkpoint_flags(task: Any, classes: list[str], every: int, policy: str | None,
+                            budget: float | None) -> None:
+    """Checkpoints the task's modules of ``classes``; a class the model lacks is a usage error."""
+    from flax import nnx
+
+    from remat import apply_checkpointing
+    from remat._names import is_no_checkpoint
+    from remat.models import MODELS
+
+    present = {type(m).__name__ for _, m in nnx.iter_graph(task.model) if isinstance(m, nnx.Module)}
+    missing = [c for c in classes if c not in present]
+    if missing:
+        raise UsageError(f"--checkpoint {missing[0]}: {task.name} has no module of that class; its classes are "
+                         f"{', '.join(sorted(present))}")
+    if budget is not None:
+        from remat.analysis.budget import budget as residual_budget
+
+        spec, label = residual_budget(budget), f"budget({budget})"
+    elif policy == "names":
+        entry = MODELS.get(task.name)
+        names = entry.checkpoint_names if entry else tuple(getattr(task.model, "checkpoint_names", ()))
+        spec, label = list(names) or None, "names"
+    elif is_no_checkpoint(policy):
+        spec, label = "no_checkpoint", "no_checkpoint"
+    else:
+        spec, label = policy, policy or "nothing"
+    wanted = set(classes)
+    paths = apply_checkpointing(task.model, lambda path, m: type(m).__name__ in wanted, policy=spec, every=every)
+    task.policy = f"{label} on {len(paths)} {'/'.join(classes)} (apply_checkpointing)"

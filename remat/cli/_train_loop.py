@@ -158,7 +158,7 @@ def _main(args: argparse.Namespace) -> int:
             if bar is not None:
                 bar.set_postfix_str(f"loss={value:.4f} rss={current_rss_bytes() / 2**20:.0f}MiB", refresh=False)
                 bar.update(1)
-            if saver is not None and ((step + 1) % args.every == 0 or step + 1 == args.steps):
+            if saver is not None and ((step + 1) % args.save_every == 0 or step + 1 == args.steps):
                 t_save = time.perf_counter()
                 saver.save_state(step + 1, state, args.seed, losses, identity)
                 paused += time.perf_counter() - t_save

@@ -1,7 +1,8 @@
 """``remat crosscheck``: gradients (and a short training run) of a Flax model against its PyTorch twin.
 
 Builds a built-in reference model (``seed-model``, ``seed-mymodel``, ``mlp``,
-``transformer``, ``cnn``) or a user factory ``path/to/file.py:factory`` returning
+``transformer``, ``cnn``; ``llama``, ``gpt2``, ``resnet``, whose twins are stock
+HuggingFace ``transformers`` models: the ``[hf]`` extra) or a user factory ``path/to/file.py:factory`` returning
 ``(jax_model, torch_model, example_inputs)`` (optionally a 4th element: training
 targets), loads the twin's weights into the JAX model, applies the remat policy in both
 and compares outputs and gradients (:func:`remat.crosscheck.compare_gradients`); with
@@ -28,13 +29,19 @@ OPTIMIZERS = CROSSCHECK_OPTIMIZERS
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL",
-                        help="a built-in model (seed-model, seed-mymodel, mlp, transformer, cnn) "
-                             "or path/to/file.py:factory")
+                        help="a built-in model (seed-model, seed-mymodel, mlp, transformer, cnn; llama, gpt2, "
+                             "resnet: HuggingFace twins) or path/to/file.py:factory")
     parser.add_argument("--policy", default="nothing", choices=POLICIES,
                         help="remat policy in every block ('names': the model's tagged names; "
                              "no_checkpoint' (or 'none'): no checkpointing). Default: nothing (PyTorch's behaviour)")
     parser.add_argument("--blocks", default="all",
                         help="which blocks to checkpoint: 'all' or indices like 0,2 (built-in models)")
+    parser.add_argument("--checkpoint", action="append", default=None, metavar="CLASSNAME",
+                        help="instead of the model's own checkpoints: remat.apply_checkpointing on the Flax "
+                             "modules of this class (repeatable) and torch's apply_activation_checkpointing "
+                             "on the twin's modules at the same paths")
+    parser.add_argument("--checkpoint-every", "--every", dest="checkpoint_every", type=int, default=1, metavar="K",
+                        help="with --checkpoint: only every K-th matching module (default 1: all)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--steps", type=int, default=0, help="also train N steps and compare (default 0)")
     parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
@@ -58,13 +65,20 @@ def _blocks(text: str) -> Any:
 
 def _load(args: argparse.Namespace, settings: Any) -> tuple[Any, Any, tuple, Any, Any, str]:
     """``(jax_model, torch_model, inputs, targets, whole_model_checkpoint, remat_label)``."""
-    from remat.models import MODELS, call_factory, is_factory_spec, load_factory
+    from remat.models import HF_MODELS, MODELS, call_factory, is_factory_spec, load_factory
 
     if not is_factory_spec(args.model):
-        if args.model not in MODELS:
-            raise UsageError(f"unknown model {args.model!r}; choose one of {', '.join(MODELS)} "
+        entry = MODELS.get(args.model) or HF_MODELS.get(args.model)
+        if entry is None:
+            raise UsageError(f"unknown model {args.model!r}; choose one of {', '.join([*MODELS, *HF_MODELS])} "
                              "or give path/to/file.py:factory")
-        entry = MODELS[args.model]
+        if args.model in HF_MODELS:
+            from remat.models._hf import transformers_module
+
+            try:
+                transformers_module()
+            except ImportError as e:
+                raise UsageError(str(e)) from None
         config = entry.make_config(settings)
         jax_model, torch_model, inputs = entry.factory(config, args.seed)
         return jax_model, torch_model, inputs, entry.example_targets(config, args.seed), False, settings.label
@@ -86,6 +100,52 @@ def _load(args: argparse.Namespace, settings: Any) -> tuple[Any, Any, tuple, Any
     policy = settings.jax_policy(tuple(getattr(jax_model, "checkpoint_names", ())))
     return (jax_model, torch_model, inputs, targets, True if policy is None else policy,
             f"whole model, policy={args.policy}")
+
+
+def _entry(args: argparse.Namespace) -> Any:
+    from remat.models import HF_MODELS, MODELS
+
+    return MODELS.get(args.model) or HF_MODELS.get(args.model)
+
+
+def _tolerances(args: argparse.Namespace, training: bool = False) -> tuple[float | None, float | None]:
+    """The built-in model's own ``(rtol, atol)`` for ``--dtype`` (HF's float32 islands), else None;
+    ``--rtol``/``--atol`` override the gradient comparison's."""
+    entry = _entry(args)
+    table = (entry.training_tolerances if training else entry.tolerances) if entry is not None else {}
+    rtol, atol = table.get(args.dtype, (None, None))
+    if training:
+        return rtol, atol
+    return (rtol if args.rtol is None else args.rtol), (atol if args.atol is None else args.atol)
+
+
+def _apply_checkpointing(args: argparse.Namespace, jax_model: Any, torch_model: Any) -> str:
+    """``--checkpoint``: both twins checkpointed from outside, the same modules; returns the label."""
+    from flax import nnx
+
+    from remat.models import MODELS
+    from remat.models._twin import apply_checkpointing_pair
+
+    if args.checkpoint_every < 1:
+        raise UsageError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
+    present = {type(m).__name__ for _, m in nnx.iter_graph(jax_model) if isinstance(m, nnx.Module)}
+    missing = [c for c in args.checkpoint if c not in present]
+    if missing:
+        raise UsageError(f"--checkpoint {missing[0]}: the model has no module of that class; its classes are "
+                         f"{', '.join(sorted(present))}")
+    policy = args.policy
+    if policy == "names":
+        entry = MODELS.get(args.model)
+        names = entry.checkpoint_names if entry else tuple(getattr(jax_model, "checkpoint_names", ()))
+        policy = list(names) or None
+    wanted = set(args.checkpoint)
+    try:
+        paths = apply_checkpointing_pair(jax_model, torch_model, lambda path, m: type(m).__name__ in wanted,
+                                         every=args.checkpoint_every, policy=policy)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return (f"apply_checkpointing on {len(paths)} {'/'.join(args.checkpoint)} (torch: apply_activation_checkpointing)"
+            f", policy={args.policy}")
 
 
 def _rows(rows: list[Any]) -> list[list[Any]]:
@@ -110,16 +170,23 @@ def run(args: argparse.Namespace) -> int:
         settings = RematSettings.none()
     else:
         settings = RematSettings(_blocks(args.blocks), args.policy)
+    if args.checkpoint:  # the model's own checkpoints give way to those applied from outside
+        settings = RematSettings.none()
     jax_model, torch_model, inputs, targets, whole, label = _load(args, settings)
+    if args.checkpoint and not is_no_checkpoint(args.policy):
+        label, whole = _apply_checkpointing(args, jax_model, torch_model), False
+    rtol, atol = _tolerances(args)
     mode = None if args.mode == "auto" else (("train", "eval") if args.mode == "both" else args.mode)
     grads = crosscheck.compare_gradients(jax_model, torch_model, inputs, dtype=args.dtype, mode=mode,
-                                         checkpoint=whole, rtol=args.rtol, atol=args.atol)
+                                         checkpoint=whole, rtol=rtol, atol=atol)
     training = None
     if args.steps:
         train_mode = "eval" if args.mode == "eval" else "train"
+        train_rtol, train_atol = _tolerances(args, training=True)
         training = crosscheck.compare_training(
             jax_model, torch_model, inputs, targets, optimizer=args.optimizer, lr=args.lr, steps=args.steps,
-            dtype=args.dtype, mode=train_mode, checkpoint=whole)
+            dtype=args.dtype, mode=train_mode, checkpoint=whole, rtol=train_rtol, atol=train_atol,
+            exclude=getattr(_entry(args), "training_exclude", None))
     ok = grads.ok and (training is None or training.ok)
     if args.json:
         print_json({"model": args.model, "policy": args.policy, "remat": label, "dtype": args.dtype, "ok": ok,

@@ -7,11 +7,13 @@ from remat._names import NO_CHECKPOINT, NO_CHECKPOINT_ALIAS, POLICY_NAMES, is_no
 from remat.cli._common import (
     EXIT_OK,
     UsageError,
+    add_checkpoint_flags,
     add_keep_freed_memory_flag,
     apply_keep_freed_memory_flag,
     build_task,
     print_json,
     print_table,
+    validate_checkpoint_flags,
 )
 
 HELP = "compare checkpoint policies for one model: residual bytes, compiled memory, step time"
@@ -28,6 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="batch size (default: the model's)")
     parser.add_argument("--seq-len", type=int, default=None, help="transformer context length")
     parser.add_argument("--seed", type=int, default=0)
+    add_checkpoint_flags(parser, every_aliases=("--every",))
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
                         help=f"comma-separated policies to compare (default {DEFAULT_POLICIES}); "
                              f"'{NO_CHECKPOINT}' (or '{NO_CHECKPOINT_ALIAS}') = no checkpoint")
@@ -52,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise UsageError(f"--steps {args.steps}: use at least 1")
     policies = _policies(args.policies)
+    validate_checkpoint_flags(args)
     apply_keep_freed_memory_flag(args)  # before JAX starts its threads
 
     from remat.analysis import compare_policies
@@ -67,12 +71,16 @@ def run(args: argparse.Namespace) -> int:
         return apply_policies(loss, [NONE if is_no_checkpoint(policy) else policy] * n)
 
     table = compare_policies(factory, *step_args, policies=policies, steps=args.steps)
-    plot = table.plot(args.plot, title=f"remat profile {args.model} --depth {args.depth}") if args.plot else None
+    title = f"remat profile {args.model} --depth {args.depth}"
+    if args.checkpoint:  # the regions are the modules apply_checkpointing selected
+        title += f" --checkpoint {' '.join(args.checkpoint)} ({n} regions)"
+    plot = table.plot(args.plot, title=title) if args.plot else None
 
     if args.json:
-        print_json({"model": args.model, "depth": args.depth, "plot": plot, **table.to_dict()})
+        print_json({"model": args.model, "depth": args.depth, "checkpoint": args.checkpoint, "regions": n,
+                    "plot": plot, **table.to_dict()})
     else:
-        print_table(f"remat profile {args.model} --depth {args.depth}: gradient step per policy",
+        print_table(f"{title}: gradient step per policy",
                     table.columns, table.rows())
         if plot:
             print(f"plot written to {plot}")

@@ -8,9 +8,16 @@ command runs, so ``remat --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from remat._names import NO_CHECKPOINT_ALIAS, POLICY_NAMES
-from remat.cli._common import UsageError, add_keep_freed_memory_flag, apply_keep_freed_memory_flag
+from remat.cli._common import (
+    UsageError,
+    add_checkpoint_flags,
+    add_keep_freed_memory_flag,
+    apply_keep_freed_memory_flag,
+    validate_checkpoint_flags,
+)
 
 HELP = "train a model with activation checkpointing, on one device or many, with save/resume"
 EXAMPLE = "remat train transformer --steps 200 --policy dots --devices 4 --save-dir runs/t --plot loss.png"
@@ -46,6 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--residual-budget", "--budget", dest="budget", type=float, default=None, metavar="F",
                        help="per block, keep at most this fraction (0 < F <= 1) of its residual bytes "
                             "(remat.residual_budget; --budget is the older spelling)")
+    add_checkpoint_flags(parser, every_aliases=("--every",))
     parser.add_argument("--depth", type=int, default=None, help="number of blocks (built-in models)")
     parser.add_argument("--width", type=int, default=None,
                         help="block width (mlp, transformer) or first conv's channels (cnn, doubled per block)")
@@ -61,7 +69,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="multi-process run: this process's index, 0 to P-1")
     parser.add_argument("--save-dir", default=None, metavar="DIR",
                         help="save params, optimizer state, step and loss history here (atomic; the last 2 kept)")
-    parser.add_argument("--every", type=int, default=10, metavar="K",
+    parser.add_argument("--save-every", type=int, default=None, metavar="K",
                         help="save every K steps (default 10) and at the end")
     parser.add_argument("--resume", action="store_true", help="continue from the last save in --save-dir")
     parser.add_argument("--plot", default=None, metavar="PNG", help="write the loss curve to this PNG file")
@@ -87,8 +95,8 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError(
             f"--batch-size {args.batch_size} does not split evenly over --devices {args.devices}; "
             f"use a multiple of {args.devices}")
-    if args.every < 1:
-        raise UsageError(f"--every must be at least 1, got {args.every}")
+    _save_interval(args)
+    validate_checkpoint_flags(args)
     _validate_distributed(args)
     for name in ("depth", "width", "seq_len"):
         value = getattr(args, name)
@@ -96,6 +104,20 @@ def validate(args: argparse.Namespace) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     if args.resume and not args.save_dir:
         raise UsageError("--resume needs --save-dir DIR (the directory an earlier run saved into)")
+
+
+def _save_interval(args: argparse.Namespace) -> None:
+    """Sets ``args.save_every``; ``--every K`` alone beside ``--save-dir`` keeps its old meaning, the save interval."""
+    if args.checkpoint_every is not None and not args.checkpoint and args.save_dir:
+        if args.save_every is not None:
+            raise UsageError("--every K counts --checkpoint modules; the save interval is --save-every K")
+        print(f"remat: note: --every {args.checkpoint_every} without --checkpoint is read as the save interval, "
+              "as before; spell it --save-every", file=sys.stderr)
+        args.save_every, args.checkpoint_every = args.checkpoint_every, None
+    if args.save_every is None:
+        args.save_every = 10
+    if args.save_every < 1:
+        raise UsageError(f"--save-every must be at least 1, got {args.save_every}")
 
 
 def _validate_distributed(args: argparse.Namespace) -> None:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from remat import scan as _scan
+from remat._core.apply import region_paths  # noqa: F401  (re-exported: the module each planned region is)
 from remat.analysis.budget import Budget, calibrate_once
 from remat.analysis.compiled import compiled_step
 from remat.planner.programs import (  # noqa: F401  (re-exported)

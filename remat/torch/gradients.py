@@ -29,11 +29,12 @@ from remat.torch.harness import (
     _torch_tensors,
     _wrap_jax,
 )
+from remat.torch.layouts import torch_name
 from remat.torch.lazy import _torch
 from remat.torch.outputs import jax_sum, select, selectors, torch_arrays, torch_sum
 from remat.torch.pytrees import as_nnx
 from remat.torch.report import TOLERANCES, GradientReport, Row, _param_rows, _row, _tolerances
-from remat.torch.weights import TorchNaming, _to_numpy, _variables
+from remat.torch.weights import TorchNaming, _state_dict, _to_numpy, _variables
 
 
 def _loss_pair(loss: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -146,7 +147,7 @@ def compare_gradients(
     skipped: list[str] = []
     with _precision(dtype):  # the starting weights themselves: a bad conversion shows here first
         start = {n: (p, v.get_value()) for n, (p, v) in _variables(_cast_jax_model(jax_model, dtype)).items()}
-        rows += _param_rows("init", "weight", start, _cast_torch_model(torch_model, dtype).state_dict(), rtol, atol,
+        rows += _param_rows("init", "weight", start, _state_dict(_cast_torch_model(torch_model, dtype)), rtol, atol,
                             naming)
     for m in _modes(mode, torch_model):
         with _precision(dtype):
@@ -157,7 +158,7 @@ def compare_gradients(
             txs = _torch_tensors(xs, dtype, requires_grad=True)
             t_out = select(torch_select, _call_torch(tm, txs, checkpoint))
             torch_loss(t_out).backward()
-            t_grads = {n: p.grad if p.grad is not None else torch.zeros_like(p)
+            t_grads = {torch_name(n): p.grad if p.grad is not None else torch.zeros_like(p)
                        for n, p in tm.named_parameters()}
             # JAX
             jxs = _jax_arrays(xs, dtype, channels_last)

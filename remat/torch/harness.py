@@ -12,6 +12,7 @@ import numpy as np
 from flax import nnx
 
 from remat.torch.checkpoint import torch_checkpoint
+from remat.torch.layouts import torch_name
 from remat.torch.lazy import _torch
 from remat.torch.outputs import Select, select
 from remat.torch.report import TOLERANCES
@@ -166,7 +167,7 @@ def _jax_arrays(xs: tuple[np.ndarray, ...], dtype: str, channels_last: bool) -> 
 
 
 def _buffers(torch_model: Any) -> dict[str, Any]:
-    return {k: v for k, v in torch_model.state_dict().items()
+    return {torch_name(k): v for k, v in torch_model.state_dict().items()
             if k.rsplit(".", 1)[-1] in ("running_mean", "running_var")}
 
 

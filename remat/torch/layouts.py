@@ -87,6 +87,19 @@ def _owner_layout(module: Any) -> str | None:
     return None
 
 
+#: Attribute names torch's wrappers put between a model and its modules: ``checkpoint_wrapper``
+#: (``apply_activation_checkpointing``) and ``torch.compile``. The wrapped model's tensors are
+#: the user's, so names are compared without them, as the wrappers' own state dicts do.
+WRAPPER_PREFIXES: tuple[str, ...] = ("_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def torch_name(name: str) -> str:
+    """``name`` as the unwrapped model spells it (see :data:`WRAPPER_PREFIXES`)."""
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
 def owner_layouts(source: Any) -> dict[str, str | None]:
     """torch name -> the layout its owning module implies (``None``: owner unknown)."""
     torch = _torch()
@@ -96,7 +109,7 @@ def owner_layouts(source: Any) -> dict[str, str | None]:
     for prefix, module in source.named_modules(remove_duplicate=False):
         layout = _owner_layout(module)
         for name, _ in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
-            out[f"{prefix}.{name}" if prefix else name] = layout if name == "weight" else "same"
+            out[torch_name(f"{prefix}.{name}" if prefix else name)] = layout if name == "weight" else "same"
     return out
 
 
@@ -168,5 +181,5 @@ def tied_groups(source: Any) -> list[tuple[str, ...]]:
     for name, t in state.items():
         if isinstance(t, torch.Tensor) and t.numel() > 0:
             key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
-            groups.setdefault(key, []).append(name)
+            groups.setdefault(key, []).append(torch_name(name))
     return [tuple(g) for g in groups.values() if len(g) > 1]

@@ -56,6 +56,7 @@ from remat.torch.harness import (
     _torch_tensors,
     _wrap_jax,
 )
+from remat.torch.layouts import torch_name
 from remat.torch.lazy import _torch
 from remat.torch.outputs import only_array, select, selectors
 from remat.torch.pytrees import as_nnx
@@ -265,7 +266,8 @@ def compare_training(
         nnx.update((jm, opt), state)
         rows = [_row(mode, "loss", "loss curve", np.array(jax_losses), np.array(torch_losses), rtol, atol)]
         jax_params = {n: (p, v.get_value()) for n, (p, v) in _variables(jm).items() if isinstance(v, nnx.Param)}
-        rows += _param_rows(mode, "param", jax_params, dict(tm.named_parameters()), rtol, atol, naming, excluded_by)
+        torch_params = {torch_name(n): t for n, t in tm.named_parameters()}
+        rows += _param_rows(mode, "param", jax_params, torch_params, rtol, atol, naming, excluded_by)
         if mode == "train":
             rows += _param_rows(mode, "buffer", _jax_buffers(jm), _buffers(tm), rtol, atol, naming, excluded_by)
     excluded = sorted(n for n in set(flax_names) | set(naming.names.values()) if excluded_by and excluded_by(n))

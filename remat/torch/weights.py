@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from remat.torch.layouts import Layouts, guess, tied_groups, to_flax, to_torch
+from remat.torch.layouts import Layouts, guess, tied_groups, to_flax, to_torch, torch_name
 from remat.torch.lazy import _torch
 from remat.torch.pytrees import PytreeModel
 
@@ -211,7 +211,7 @@ def _tied(source: Any, names: Mapping[str, str], targets: Any) -> tuple[list[tup
 
 def _state_dict(source: Any) -> dict[str, Any]:
     if hasattr(source, "state_dict") and callable(source.state_dict):
-        return dict(source.state_dict())
+        return {torch_name(k): v for k, v in source.state_dict().items()}
     if isinstance(source, Mapping):
         return dict(source)
     raise TypeError(

@@ -1,0 +1,470 @@
+"""``remat.apply_checkpointing``: checkpointing turned on from outside, in models written without remat.
+
+The models come from ``tests/foreign_models`` (a package that never imports remat) and
+from Flax itself (``nn.MultiHeadDotProductAttention``, ``nnx.MultiHeadAttention``).
+"""
+from __future__ import annotations
+
+import copy
+import pickle
+import warnings
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from conftest import assert_clean_error, assert_trees_close, count_remat_eqns
+from flax import nnx
+from foreign_models import LinenBlock, LinenMixer, Mixer, MixerBlock
+
+import remat
+from remat.analysis import compiled_memory
+
+WIDTH, DEPTH, BATCH = 16, 4, 8
+
+
+def _mixer(seed: int = 0, width: int = WIDTH, depth: int = DEPTH) -> Mixer:
+    return Mixer(16, width, depth, 8, rngs=nnx.Rngs(seed))
+
+
+def _x(batch: int = BATCH) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(0).standard_normal((batch, 16)), jnp.float32)
+
+
+def _pure_loss(model: nnx.Module):
+    """``loss(state, x)`` of ``model`` split once: the graphdef carries the checkpointed classes."""
+    graphdef, state = nnx.split(model)
+
+    def loss(state, x):
+        return jnp.mean(nnx.merge(graphdef, state)(x) ** 2)
+
+    return loss, state
+
+
+def _regions(model: nnx.Module, x: jax.Array) -> int:
+    loss, state = _pure_loss(model)
+    return count_remat_eqns(jax.make_jaxpr(jax.grad(loss))(state, x))
+
+
+def _state_shapes(model: nnx.Module):
+    return jax.tree.map(lambda v: (v.shape, v.dtype), nnx.state(model))
+
+
+# --- NNX -------------------------------------------------------------------------------
+
+def test_nnx_gradients_equal_and_one_region_per_selected_module():
+    model, plain, x = _mixer(), _mixer(), _x()
+    before = _state_shapes(model)
+    assert _regions(model, x) == 0
+    paths = remat.apply_checkpointing(model, MixerBlock)
+    assert paths == [("blocks", i) for i in range(DEPTH)]
+    assert _state_shapes(model) == before  # the same nnx.state paths, shapes and dtypes
+    assert _regions(model, x) == DEPTH
+    loss, state = _pure_loss(model)
+    plain_loss, plain_state = _pure_loss(plain)
+    grads = jax.jit(jax.grad(loss))(state, x)
+    assert_trees_close(grads, jax.jit(jax.grad(plain_loss))(plain_state, x), rtol=1e-6, atol=1e-7)
+    assert remat.checkpointed(model) == [(p, "nothing") for p in paths]
+    assert isinstance(model.blocks[0], MixerBlock) and type(model.blocks[0]).__name__ == "MixerBlock"
+
+
+def test_nnx_idempotent_every_policy_and_reversible():
+    model, x = _mixer(), _x()
+    first = remat.apply_checkpointing(model, MixerBlock)
+    cls = type(model.blocks[0])
+    assert remat.apply_checkpointing(model, MixerBlock) == first
+    assert type(model.blocks[0]) is cls and _regions(model, x) == DEPTH  # not wrapped twice
+    assert remat.apply_checkpointing(model, lambda path, m: isinstance(m, MixerBlock), policy="dots",
+                                     every=2) == [("blocks", 0), ("blocks", 2)]
+    assert remat.checkpointed(model) == [(("blocks", 0), "dots"), (("blocks", 1), "nothing"),
+                                         (("blocks", 2), "dots"), (("blocks", 3), "nothing")]
+    assert _regions(model, x) == DEPTH  # re-applying replaces a module's options, never nests
+    assert remat.remove_checkpointing(model) == [("blocks", i) for i in range(DEPTH)]
+    assert remat.checkpointed(model) == [] and type(model.blocks[0]) is MixerBlock
+    assert _regions(model, x) == 0
+
+
+def test_nnx_pickle_and_deepcopy_keep_the_checkpoints():
+    model, x = _mixer(), _x()
+    remat.apply_checkpointing(model, MixerBlock, policy="dots", every=2)
+    for copied in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        assert remat.checkpointed(copied) == remat.checkpointed(model)
+        assert type(copied.blocks[0]) is type(model.blocks[0]) and type(copied.blocks[1]) is MixerBlock
+        np.testing.assert_array_equal(copied(x), model(x))
+
+
+def test_nnx_torch_style_check_fn_and_paths():
+    model = _mixer()
+    # torch's apply_activation_checkpointing passes only the module
+    assert remat.apply_checkpointing(model, lambda m: isinstance(m, nnx.Linear)) == [
+        ("blocks", i, name) for i in range(DEPTH) for name in ("down", "up")] + [("inp",), ("out",)]
+    remat.remove_checkpointing(model)
+    assert remat.apply_checkpointing(model, lambda path, m: path[-1:] == ("up",)) == [
+        ("blocks", i, "up") for i in range(DEPTH)]
+
+
+@pytest.mark.slow
+def test_nnx_jit_grad_optimizer_match_the_plain_model():
+    model, plain, x = _mixer(), _mixer(), _x()
+    remat.apply_checkpointing(model, MixerBlock)
+
+    @nnx.jit
+    def step(m, opt, x):
+        loss, grads = nnx.value_and_grad(lambda m: jnp.mean(m(x) ** 2))(m)
+        opt.update(m, grads)
+        return loss
+
+    opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    plain_opt = nnx.Optimizer(plain, optax.adam(1e-2), wrt=nnx.Param)
+    losses = [float(step(model, opt, x)) for _ in range(3)]
+    plain_losses = [float(step(plain, plain_opt, x)) for _ in range(3)]
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-6)
+    assert_trees_close(nnx.state(model, nnx.Param), nnx.state(plain, nnx.Param), rtol=1e-5, atol=1e-6)
+    # the optimizer's state has the paths it had before apply_checkpointing
+    assert jax.tree.structure(nnx.state(opt)) == jax.tree.structure(nnx.state(plain_opt))
+
+
+def test_nnx_shared_module_and_split_merge():
+    class Twice(nnx.Module):
+        def __init__(self, rngs):
+            self.block = MixerBlock(WIDTH, rngs=rngs)
+            self.again = self.block  # the same submodule, referenced twice
+            self.inp = nnx.Linear(16, WIDTH, rngs=rngs)
+
+        def __call__(self, x):
+            return self.again(self.block(self.inp(x))).sum(-1)
+
+    model, plain, x = Twice(nnx.Rngs(0)), Twice(nnx.Rngs(0)), _x()
+    assert remat.apply_checkpointing(model, MixerBlock) == [("again",)]  # one module, listed once
+    assert model.block is model.again and type(model.block) is type(model.again)
+    assert _regions(model, x) == 2  # called twice: two regions
+    loss, state = _pure_loss(model)
+    plain_loss, plain_state = _pure_loss(plain)
+    assert_trees_close(jax.jit(jax.grad(loss))(state, x), jax.jit(jax.grad(plain_loss))(plain_state, x),
+                       rtol=1e-6, atol=1e-7)
+    graphdef, state = nnx.split(model)
+    merged = nnx.merge(graphdef, state)
+    assert merged.block is merged.again and remat.checkpointed(merged) == [(("again",), "nothing")]
+
+
+@pytest.mark.slow
+def test_nnx_scan_over_stacked_blocks():
+    @nnx.vmap(in_axes=0, out_axes=0)
+    def make(key):
+        return MixerBlock(WIDTH, rngs=nnx.Rngs(key))
+
+    keys = jax.random.split(jax.random.key(0), DEPTH)
+    stacked, plain = make(keys), make(keys)
+    remat.apply_checkpointing(stacked, MixerBlock)
+
+    def run(block, x):
+        @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
+        def body(layer, h):
+            return layer(h)
+        return jnp.mean(body(block, x) ** 2)
+
+    x = _x()[:, :1] * jnp.ones((1, WIDTH))
+    grads = nnx.jit(nnx.grad(run))(stacked, x)
+    assert_trees_close(grads, nnx.jit(nnx.grad(run))(plain, x), rtol=1e-5, atol=1e-6)
+    graphdef, state = nnx.split(stacked)
+    jaxpr = jax.make_jaxpr(jax.grad(lambda s, x: run(nnx.merge(graphdef, s), x)))(state, x)
+    assert count_remat_eqns(jaxpr) == 1  # one region, in the scan's body
+
+
+@pytest.mark.slow
+def test_flax_attention_from_another_package():
+    attention = nnx.MultiHeadAttention(num_heads=2, in_features=16, qkv_features=16, decode=False,
+                                       rngs=nnx.Rngs(0))
+    plain = nnx.clone(attention)
+    x = jnp.ones((2, 5, 16)) * jnp.arange(16) / 16
+    assert remat.apply_checkpointing(attention, nnx.LinearGeneral) == [("key",), ("out",), ("query",), ("value",)]
+
+    def loss(m):
+        return jnp.sum(m(x) ** 2)
+
+    assert_trees_close(nnx.jit(nnx.grad(loss))(attention), nnx.jit(nnx.grad(loss))(plain), rtol=1e-6, atol=1e-7)
+
+
+# --- Linen -----------------------------------------------------------------------------
+
+def _linen_loss(model: nn.Module, deterministic: bool = False):
+    def loss(params, x):
+        out = model.apply(params, x, deterministic, rngs={"dropout": jax.random.key(1)})
+        return jnp.mean(out ** 2)
+    return loss
+
+
+def test_linen_gradients_equal_names_kept_and_one_region_per_block():
+    model, x = LinenMixer(width=WIDTH), _x()
+    params = jax.jit(model.init)(jax.random.key(0), x)
+    checkpointed = remat.apply_checkpointing(model, LinenBlock)
+    assert type(checkpointed).__name__ == "LinenMixer" and checkpointed.width == model.width
+    assert jax.tree.structure(jax.eval_shape(checkpointed.init, jax.random.key(0), x)) == jax.tree.structure(params)
+    assert remat.checkpointed(checkpointed) == [((f"LinenBlock_{i}",), "nothing") for i in range(4)]
+    loss, plain_loss = _linen_loss(checkpointed), _linen_loss(model)
+    # dropout on: the recomputation draws the same mask
+    assert_trees_close(jax.jit(jax.grad(loss))(params, x), jax.jit(jax.grad(plain_loss))(params, x),
+                       rtol=1e-6, atol=1e-7)
+    assert count_remat_eqns(jax.make_jaxpr(jax.grad(loss))(params, x)) == 4
+    assert count_remat_eqns(jax.make_jaxpr(jax.grad(plain_loss))(params, x)) == 0
+    assert remat.remove_checkpointing(checkpointed) == model
+
+
+def test_linen_class_every_and_paths():
+    x = _x()
+    cls = remat.apply_checkpointing(LinenMixer, LinenBlock, every=2, policy="dots")
+    assert isinstance(cls, type) and issubclass(cls, LinenMixer) and cls.__name__ == "LinenMixer"
+    model = cls(width=WIDTH, depth=4)
+    params = jax.jit(model.init)(jax.random.key(0), x)
+    assert count_remat_eqns(jax.make_jaxpr(jax.grad(_linen_loss(model)))(params, x)) == 2
+    assert remat.checkpointed(model) == [(("LinenBlock_0",), "dots"), (("LinenBlock_2",), "dots")]
+    only_dense = remat.apply_checkpointing(model, lambda path, m: isinstance(m, nn.Dense) and len(path) == 2)
+    assert count_remat_eqns(jax.make_jaxpr(jax.grad(_linen_loss(only_dense)))(params, x)) == 8
+    assert remat.remove_checkpointing(cls) is LinenMixer
+
+
+def test_linen_attention_from_flax():
+    attention = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=16)
+    x = jnp.ones((2, 5, 16)) * jnp.arange(16) / 16
+    params = jax.jit(attention.init)(jax.random.key(0), x)
+    checkpointed = remat.apply_checkpointing(attention, nn.DenseGeneral, policy="dots")
+
+    def loss(module):
+        return lambda p: jnp.sum(module.apply(p, x) ** 2)
+
+    assert_trees_close(jax.jit(jax.grad(loss(checkpointed)))(params), jax.jit(jax.grad(loss(attention)))(params),
+                       rtol=1e-6, atol=1e-7)
+    assert count_remat_eqns(jax.make_jaxpr(jax.grad(loss(checkpointed)))(params)) == 4
+    assert sorted(p for p, _ in remat.checkpointed(checkpointed)) == [("key",), ("out",), ("query",), ("value",)]
+
+
+# --- memory ----------------------------------------------------------------------------
+
+class HandWrittenMixer(Mixer):
+    """The same model with its blocks checkpointed by hand, the way remat.checkpoint is written."""
+
+    def __call__(self, x):
+        x = self.inp(x)
+        for block in self.blocks:
+            x = remat.checkpoint(block, x)
+        return self.out(x)
+
+
+MEMORY_SIZES = {"width": 128, "depth": 8, "batch": 512}
+
+
+def _temp_bytes(model: nnx.Module, x: jax.Array) -> int:
+    loss, state = _pure_loss(model)
+    return compiled_memory(loss, state, x).temp_bytes
+
+
+@pytest.mark.slow
+def test_compiled_temp_memory_drops_as_much_as_hand_written():
+    """README: ``python -m pytest tests/test_apply_checkpointing.py -k compiled_temp -s -q`` prints the numbers."""
+    w, d, b = MEMORY_SIZES["width"], MEMORY_SIZES["depth"], MEMORY_SIZES["batch"]
+    x = _x(b)
+    plain = _mixer(width=w, depth=d)
+    applied = _mixer(width=w, depth=d)
+    remat.apply_checkpointing(applied, MixerBlock)
+    hand = HandWrittenMixer(16, w, d, 8, rngs=nnx.Rngs(0))
+    none_b, applied_b, hand_b = _temp_bytes(plain, x), _temp_bytes(applied, x), _temp_bytes(hand, x)
+    mib = 2 ** 20
+    print(f"\nNNX mixer {d} blocks, width {w}, batch {b}: compiled temp MiB: no checkpoint {none_b / mib:.1f}, "
+          f"remat.checkpoint by hand {hand_b / mib:.1f}, apply_checkpointing {applied_b / mib:.1f}")
+    assert applied_b == hand_b
+    assert applied_b < 0.5 * none_b
+
+
+class HandWrittenLinenMixer(LinenMixer):
+    @nn.compact
+    def __call__(self, x, deterministic=True):
+        x = nn.Dense(self.width)(x)
+        for _ in range(self.depth):
+            x = remat.checkpoint(LinenBlock, static_argnums=(2,))(self.width)(x, deterministic)
+        return nn.Dense(self.out_dim)(jnp.tanh(x))
+
+
+@pytest.mark.slow
+def test_linen_compiled_temp_memory_drops_as_much_as_hand_written():
+    w, d, b = MEMORY_SIZES["width"], MEMORY_SIZES["depth"], MEMORY_SIZES["batch"]
+    x = _x(b)
+    plain = LinenMixer(width=w, depth=d)
+    params = plain.init(jax.random.key(0), x)
+    hand = HandWrittenLinenMixer(width=w, depth=d)
+    assert jax.tree.structure(hand.init(jax.random.key(0), x)) == jax.tree.structure(params)
+    sizes = [compiled_memory(_linen_loss(m, deterministic=True), params, x).temp_bytes
+             for m in (plain, hand, remat.apply_checkpointing(plain, LinenBlock))]
+    mib = 2 ** 20
+    print(f"\nLinen mixer {d} blocks, width {w}, batch {b}: compiled temp MiB: no checkpoint {sizes[0] / mib:.1f}, "
+          f"remat.checkpoint(LinenBlock) {sizes[1] / mib:.1f}, apply_checkpointing {sizes[2] / mib:.1f}")
+    assert sizes[2] == sizes[1]
+    assert sizes[2] < 0.5 * sizes[0]
+
+
+# --- errors ----------------------------------------------------------------------------
+
+def test_no_match_warns_with_the_classes_seen_and_changes_nothing():
+    model = _mixer()
+    with pytest.warns(UserWarning, match="matched no submodule.*LayerNorm, Linear, List, Mixer, MixerBlock"):
+        assert remat.apply_checkpointing(model, nnx.Conv) == []
+    assert remat.checkpointed(model) == [] and type(model.blocks[0]) is MixerBlock
+
+
+@pytest.mark.parametrize("call, fragments", [
+    (lambda m: remat.apply_checkpointing(lambda x: x, MixerBlock), ["NNX module", "remat.checkpoint"]),
+    (lambda m: remat.apply_checkpointing(m, MixerBlock, every=0), ["every=0", ">= 1"]),
+    (lambda m: remat.apply_checkpointing(m, MixerBlock, policy="dots_no_batches"), ["dots_no_batches"]),
+    (lambda m: remat.apply_checkpointing(m, "MixerBlock"), ["check_fn", "class"]),
+    (lambda m: remat.apply_checkpointing(m, MixerBlock, context_fn=object()), ["policy="]),
+    (lambda m: remat.apply_checkpointing(m, MixerBlock, polcy="dots"), ["'polcy'", "prevent_cse"]),
+])
+def test_bad_input_is_one_line_and_leaves_the_model_alone(call, fragments):
+    model = _mixer()
+    with pytest.raises((TypeError, ValueError)) as e:
+        call(model)
+    assert_clean_error(e, *fragments)
+    assert remat.checkpointed(model) == [] and type(model.blocks[0]) is MixerBlock
+
+
+def test_a_module_without_call_is_refused_before_any_change():
+    class Holder(nnx.Module):
+        def __init__(self, rngs):
+            self.block = MixerBlock(WIDTH, rngs=rngs)
+
+    class Outer(nnx.Module):
+        def __init__(self, rngs):
+            self.holder = Holder(rngs)
+            self.block = MixerBlock(WIDTH, rngs=rngs)
+
+    model = Outer(nnx.Rngs(0))
+    with pytest.raises(TypeError) as e:
+        remat.apply_checkpointing(model, (Holder, MixerBlock))
+    assert_clean_error(e, "Holder has no __call__")
+    assert remat.checkpointed(model) == []
+
+
+def test_linen_no_match_warns_at_trace_time():
+    model = remat.apply_checkpointing(LinenMixer(width=WIDTH, depth=1), nn.Conv)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jax.eval_shape(model.init, jax.random.key(0), _x(2))
+    assert any("Dense, Dropout, LayerNorm, LinenBlock, LinenMixer" in str(w.message) for w in caught)
+
+
+# --- planner ---------------------------------------------------------------------------
+
+def test_region_paths_name_the_applied_modules_in_trace_order():
+    from remat.planner import region_paths
+
+    model, x = _mixer(), _x()
+    remat.apply_checkpointing(model, MixerBlock, every=2)
+    loss, state = _pure_loss(model)
+    assert region_paths(loss, state, x) == [("blocks", 0), ("blocks", 2)]
+    hand = HandWrittenMixer(16, WIDTH, DEPTH, 8, rngs=nnx.Rngs(0))
+    hand_loss, hand_state = _pure_loss(hand)
+    assert region_paths(hand_loss, hand_state, x) == [None] * DEPTH  # written by hand: no module path
+
+
+@pytest.mark.slow
+def test_plan_redecides_applied_regions_as_hand_written_ones_and_picks_modules():
+    from remat.planner import NONE, plan, region_paths
+
+    x = _x(256)
+    applied, hand = _mixer(width=128), HandWrittenMixer(16, 128, DEPTH, 8, rngs=nnx.Rngs(0))
+    remat.apply_checkpointing(applied, MixerBlock)
+    kwargs = dict(budget=0.5, measure=False, policies=("nothing", "dots"), budget_fractions=(0.5,))
+    loss, state = _pure_loss(applied)
+    planned = plan(loss, state, x, **kwargs)
+    hand_loss, hand_state = _pure_loss(hand)
+    by_hand = plan(hand_loss, hand_state, x, **kwargs)
+    # the same candidates, compiled to the same memory: the planner cannot tell them apart
+    assert planned.num_regions == by_hand.num_regions == DEPTH
+    assert {c.label: c.temp_bytes for c in planned.candidates} == {c.label: c.temp_bytes for c in by_hand.candidates}
+    labels = {c.label for c in planned.candidates}
+    assert {"all: nothing", "all: dots", "all: budget(0.5)"} <= labels  # a policy or a budget per module
+    assert any(label.startswith("first ") for label in labels)  # which modules: some left unchecked
+    # the chosen plan, module by module
+    choice = dict(zip(region_paths(loss, state, x), planned.chosen.policies))
+    assert set(choice) == {("blocks", i) for i in range(DEPTH)}
+    grads = jax.jit(jax.grad(planned.apply(loss)))(state, x)
+    assert_trees_close(grads, jax.jit(jax.grad(loss))(state, x), rtol=1e-5, atol=1e-6)
+    prefix = next(c for c in planned.candidates if c.label.startswith("first "))
+    assert NONE in prefix.policies or "dots" in prefix.policies
+
+
+# --- the PyTorch twins -----------------------------------------------------------------
+
+@pytest.mark.slow
+def test_torch_twin_checkpointed_the_same_way_gives_the_same_gradients():
+    pytest.importorskip("torch")
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from remat.crosscheck import compare_gradients, load_torch_state
+    from remat.models import mlp
+    from remat.models._twin import apply_checkpointing_pair
+
+    config = mlp.MLPConfig(depth=3, remat=remat.models.RematSettings.none())
+    jax_model, torch_model, (x,) = mlp.build(config)
+    before, plain_twin = _state_shapes(jax_model), copy.deepcopy(torch_model)
+    paths = apply_checkpointing_pair(jax_model, torch_model, mlp.Block, every=2)
+    assert paths == [("blocks", 0), ("blocks", 2)]
+    assert [isinstance(b, CheckpointWrapper) for b in torch_model.blocks] == [True, False, True]
+    assert _state_shapes(jax_model) == before
+    load_torch_state(jax_model, plain_twin)  # the NNX model's paths are those it had
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the wrapped twin's owners (nn.Linear) are found: no layout guess
+        load_torch_state(jax_model, torch_model)
+    # torch's wrapper puts _checkpoint_wrapped_module. into parameter names; the bridge reads through it
+    report = compare_gradients(jax_model, torch_model, (x,), dtype="float64")
+    assert report.ok, report
+    assert _regions(jax_model, jnp.asarray(x)) == 2
+
+
+@pytest.mark.slow
+def test_torch_twin_lacking_a_path_is_refused_before_any_change():
+    pytest.importorskip("torch")
+    from remat.models import mlp
+    from remat.models._twin import apply_checkpointing_pair
+
+    jax_model, torch_model, _ = mlp.build(mlp.MLPConfig(depth=2, remat=remat.models.RematSettings.none()))
+    with pytest.raises(ValueError, match="no submodule"):
+        apply_checkpointing_pair(jax_model, torch_model, lambda path, m: path == ())
+    assert remat.checkpointed(jax_model) == []
+
+
+# --- command line ----------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_cli_checkpoint_flags(capsys):
+    import json
+
+    from remat.cli import main
+
+    assert main(["profile", "mlp", "--depth", "4", "--checkpoint", "Block", "--every", "2",
+                 "--policies", "none,nothing", "--steps", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["regions"] == 2 and out["checkpoint"] == ["Block"]
+    rows = {r["policy"]: r for r in out["rows"]} if "rows" in out else None
+    assert rows is None or set(rows) == {"none", "nothing"}
+    assert main(["train", "mlp", "--steps", "2", "--checkpoint", "Block", "--checkpoint-every", "2",
+                 "--policy", "dots", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["policy"] == "dots on 1 Block (apply_checkpointing)" and len(out["losses"]) == 2
+    assert main(["train", "mlp", "--steps", "1", "--checkpoint", "Blok"]) == 2
+    assert "Blok: mlp has no module of that class; its classes are Block, Linear, MLP" in capsys.readouterr().err
+    assert main(["plan", "mlp", "--budget", "0.9", "--depth", "4", "--checkpoint", "Block", "--repeat", "1",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [m["path"] for m in out["modules"]] == [f"blocks.{i}" for i in range(4)]
+    assert [m["policy"] for m in out["modules"]] == [str(p) for p in out["chosen"]["policies"]]
+
+
+def test_cli_checkpoint_every_needs_checkpoint(capsys):
+    from remat.cli import main
+
+    assert main(["plan", "mlp", "--budget", "0.5", "--every", "2"]) == 2
+    assert "needs --checkpoint CLASSNAME" in capsys.readouterr().err
+    assert main(["train", "mlp", "--checkpoint", "Block", "--checkpoint-every", "0"]) == 2
+    assert "--checkpoint-every must be at least 1" in capsys.readouterr().err
