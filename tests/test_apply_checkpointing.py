@@ -446,8 +446,8 @@ def test_cli_checkpoint_flags(capsys):
                  "--policies", "none,nothing", "--steps", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["regions"] == 2 and out["checkpoint"] == ["Block"]
-    rows = {r["policy"]: r for r in out["rows"]} if "rows" in out else None
-    assert rows is None or set(rows) == {"none", "nothing"}
+    temp = {r["policy"]: r["temp_bytes"] for r in out["results"]}
+    assert set(temp) == {"none", "nothing"} and temp["nothing"] < temp["none"]
     assert main(["train", "mlp", "--steps", "2", "--checkpoint", "Block", "--checkpoint-every", "2",
                  "--policy", "dots", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -459,6 +459,30 @@ def test_cli_checkpoint_flags(capsys):
     out = json.loads(capsys.readouterr().out)
     assert [m["path"] for m in out["modules"]] == [f"blocks.{i}" for i in range(4)]
     assert [m["policy"] for m in out["modules"]] == [str(p) for p in out["chosen"]["policies"]]
+
+
+@pytest.mark.slow
+def test_cli_crosscheck_checkpoints_both_twins_from_outside(capsys):
+    import json
+
+    pytest.importorskip("torch")
+    from remat.cli import main
+
+    assert main(["crosscheck", "transformer", "--checkpoint", "Block", "--every", "2", "--dtype", "float64",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] and out["remat"].startswith("apply_checkpointing on 1 Block")
+    assert out["gradients"]["rtol"] == 1e-10
+
+
+def test_train_every_alone_is_still_the_save_interval(capsys, tmp_path):
+    from remat.cli import main
+
+    args = ["train", "mlp", "--steps", "2", "--depth", "2", "--width", "8", "--batch-size", "4", "--json"]
+    assert main([*args, "--every", "1", "--save-dir", str(tmp_path / "run")]) == 0
+    assert "--every 1 without --checkpoint is read as the save interval" in capsys.readouterr().err
+    assert main([*args, "--every", "1", "--save-every", "1", "--save-dir", str(tmp_path / "b")]) == 2
+    assert "the save interval is --save-every K" in capsys.readouterr().err
 
 
 def test_cli_checkpoint_every_needs_checkpoint(capsys):
