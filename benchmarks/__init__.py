@@ -1,4 +1,4 @@
-"""Benchmarks of remat against PyTorch's ``torch.utils.checkpoint``.
+"""Benchmarks of remat against PyTorch's ``torch.utils.checkpoint`` and ``torch.compile``.
 
 ``python -m benchmarks.run [--quick] [--out DIR]`` measures the MLP and the transformer
 of :mod:`remat.models` at several depths, in JAX and PyTorch (the variants of
@@ -12,6 +12,8 @@ of :mod:`remat.models` at several depths, in JAX and PyTorch (the variants of
   variants of both frameworks in one process, timed in interleaved rounds), through
   remat's measuring kernel (:mod:`remat.analysis`).
 * :mod:`benchmarks.report`: overheads, JAX/PyTorch ratios, targets, Markdown and plot.
+* :mod:`benchmarks.frontier`: each framework's Pareto frontier of saved bytes against step
+  time, remat against every ``torch.compile`` point (``benchmarks.run --frontier``).
 * :mod:`benchmarks.run`: the command line; runs each (model, depth) in a fresh
   subprocess.
 * :mod:`benchmarks.plans`: ``remat.plan`` against the fixed named policies.

@@ -13,11 +13,26 @@ from typing import Any
 
 import numpy as np
 
+from remat._names import NO_CHECKPOINT, POLICY_NAMES
+
+#: The per-block policies: remat's vocabulary (``remat.policies.POLICY_NAMES``) but
+#: ``everything``, which compiles to the no-checkpoint program.
+BLOCK_POLICIES: tuple[str, ...] = tuple(p for p in POLICY_NAMES if p != "everything")
 JAX_VARIANTS: tuple[str, ...] = (
-    "none", "nothing", "dots", "dots_no_batch", "names", "scan", "scan_nested", "sequential",
+    *BLOCK_POLICIES, "names", "scan", "scan_nested", "sequential",
     "budget_0.25", "budget_0.5", "budget_0.75",  # remat.residual_budget(F) on every block
+    # the whole loss one remat.checkpoint (policy "nothing"): the backward keeps only the
+    # step's inputs; its blocks inside not checkpointed, or each checkpointed too (nested)
+    "whole", "whole_nested",
 )
-TORCH_VARIANTS: tuple[str, ...] = ("none", "nothing", "sequential")
+#: ``plan_F``: the step as ``remat.plan(..., budget=F)`` plans it (the frontier run only:
+#: planning compiles dozens of candidates)
+PLAN_BUDGETS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+PLAN_VARIANTS: tuple[str, ...] = tuple(f"plan_{b}" for b in PLAN_BUDGETS)
+#: ``torch_compile_F``: ``torch.compile`` with ``activation_memory_budget = F`` (the peer to beat)
+TORCH_COMPILE_BUDGETS: tuple[float, ...] = (1.0, 0.5, 0.25, 0.0)
+TORCH_COMPILE_VARIANTS: tuple[str, ...] = tuple(f"torch_compile_{b}" for b in TORCH_COMPILE_BUDGETS)
+TORCH_VARIANTS: tuple[str, ...] = (NO_CHECKPOINT, "nothing", "sequential", *TORCH_COMPILE_VARIANTS)
 MODELS: tuple[str, ...] = ("mlp", "transformer")
 ROW_KEYS: tuple[str, ...] = (
     "framework", "model", "depth", "variant", "saved_bytes", "temp_bytes", "peak_rss_bytes",
@@ -82,6 +97,17 @@ SIZES: dict[str, Sizes] = {
 }
 
 
+def compile_budget(variant: str) -> float | None:
+    """The ``activation_memory_budget`` of a ``torch_compile_F`` variant; None for the others."""
+    if not variant.startswith("torch_compile_"):
+        return None
+    try:
+        budget = float(variant.removeprefix("torch_compile_"))
+    except ValueError:
+        return None
+    return budget if 0.0 <= budget <= 1.0 else None
+
+
 def segments_for(depth: int) -> int:
     """``round(sqrt(depth))``: the segments of the ``sequential`` variants (at least 1)."""
     return max(1, round(math.sqrt(depth)))
@@ -97,8 +123,10 @@ def remat_settings(model: str, variant: str) -> Any:
 
     if variant in STACK_VARIANTS:
         return None
-    if variant == "none":
+    if variant in (NO_CHECKPOINT, "whole"):
         return RematSettings.none()
+    if variant == "whole_nested" or variant.startswith("plan_"):
+        return RematSettings(policy="nothing")  # the planner re-decides every block
     if variant == "names":
         return RematSettings(policy=NAMES_POLICY[model])
     if variant.startswith("budget_"):
@@ -132,6 +160,8 @@ class Built:
     torch_model: Any
     inputs: np.ndarray
     targets: np.ndarray
+    # remat.plan's compiled candidates, shared by the plan_F variants (each compiled once)
+    plan_cache: dict = dataclasses.field(default_factory=dict, repr=False)
 
 
 def build(model: str, depth: int, sizes: Sizes, seed: int = 0) -> Built:
@@ -144,8 +174,8 @@ def build(model: str, depth: int, sizes: Sizes, seed: int = 0) -> Built:
 
 
 def add_overheads(rows: list[dict[str, Any]]) -> None:
-    """``overhead = step_ms / step_ms`` of the same framework's ``none`` row (same model, depth)."""
-    base = {(r["framework"], r["model"], r["depth"]): r["step_ms"] for r in rows if r["variant"] == "none"}
+    """``overhead = step_ms / step_ms`` of the same framework's ``no_checkpoint`` row (same model, depth)."""
+    base = {(r["framework"], r["model"], r["depth"]): r["step_ms"] for r in rows if r["variant"] == NO_CHECKPOINT}
     for r in rows:
         b = base.get((r["framework"], r["model"], r["depth"]))
         r["overhead"] = round(r["step_ms"] / b, 4) if b and r["step_ms"] is not None else None

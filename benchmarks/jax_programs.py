@@ -1,24 +1,28 @@
 """The JAX variants: a loss of all parameters through the model's own code, compiled once.
 
-The per-block variants (``none``, ``nothing``, ``dots``, ``dots_no_batch``, ``names``,
+The per-block variants (``no_checkpoint``, ``nothing``, ``dots``, ``dots_no_batch``, ``names``,
 ``budget_F``) are the NNX model of :mod:`remat.models` built with the variant's
 :class:`remat.models.RematSettings`: its own forward, its own ``remat.checkpoint`` per
-block. The stack variants (``scan``, ``scan_nested``, ``sequential``) run the same
-model with its block stack (``model.blocks``) replaced by one call that runs the model's
-own block: :func:`remat.scan.scan_layers` over the blocks' stacked parameters, or
+block. ``whole`` and ``whole_nested`` checkpoint the whole loss once more. ``plan_F`` is
+the step as :func:`remat.plan` plans it at ``budget=F`` (its blocks checkpointed as the
+plan says); its ``compile_s`` is the whole planning time. The stack variants (``scan``,
+``scan_nested``, ``sequential``) run the same model with its block stack
+(``model.blocks``) replaced by one call that runs the model's own block:
+:func:`remat.scan.scan_layers` over the blocks' stacked parameters, or
 :func:`remat.checkpoint_sequential` over the blocks.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 import remat
-from benchmarks.cases import JAX_VARIANTS, Built, remat_settings, segments_for
+from benchmarks.cases import JAX_VARIANTS, PLAN_VARIANTS, Built, remat_settings, segments_for
 from remat.analysis import compiled_step
 
 
@@ -34,6 +38,7 @@ class JaxProgram:
     compiled: Any
     compile_s: float
     temp_bytes: int
+    plan: Any = None  # plan_F: the remat.planner.Plan
 
     def step(self) -> Any:
         """One gradient step, dispatched: the caller waits for it (``jax.block_until_ready``)."""
@@ -80,8 +85,8 @@ def jax_loss(built: Built, variant: str) -> tuple[Callable, Any]:
 
     from remat.models import RematSettings
 
-    if variant not in JAX_VARIANTS:
-        raise ValueError(f"unknown JAX variant {variant!r}; use one of {', '.join(JAX_VARIANTS)}")
+    if variant not in JAX_VARIANTS + PLAN_VARIANTS:
+        raise ValueError(f"unknown JAX variant {variant!r}; use one of {', '.join(JAX_VARIANTS + PLAN_VARIANTS)}")
     _, state = nnx.split(built.jax_model)
     settings = remat_settings(built.model, variant)
     if settings is not None:
@@ -90,6 +95,10 @@ def jax_loss(built: Built, variant: str) -> tuple[Callable, Any]:
         def loss(params: Any, x: Any, y: Any) -> Any:
             return _cross_entropy(nnx.merge(graphdef, params)(x), y)
 
+        if variant.startswith("whole"):
+            # the step's inputs are all its backward keeps; the recomputation runs inside
+            # the backward, its blocks checkpointed again for "whole_nested"
+            loss = remat.checkpoint(loss, policy="nothing")
         return loss, state
     return _stack_loss(built, variant, nnx.merge(_graphdef(built, RematSettings.none()), state))
 
@@ -134,10 +143,33 @@ def jax_inputs(built: Built) -> tuple[Any, Any]:
     return jnp.asarray(x), jnp.asarray(built.targets.astype(np.int32))
 
 
+#: timed steps per fitting candidate when the benchmark plans (the planner's median)
+PLAN_REPEAT = 3
+
+
+class PlanInfeasible(ValueError):
+    """A ``plan_F`` variant whose budget no candidate meets: it has no program to measure."""
+
+
 def jax_program(built: Built, variant: str) -> JaxProgram:
-    """The variant's ``jax.jit(jax.grad(loss))``, compiled by :func:`remat.analysis.compiled_step`."""
+    """The variant's ``jax.jit(jax.grad(loss))``, compiled by :func:`remat.analysis.compiled_step`.
+
+    ``plan_F``: planned by :func:`remat.plan` (candidates shared across budgets through
+    ``built.plan_cache``); the chosen candidate's executable is the program.
+    """
     loss, params = jax_loss(built, variant)
     x, y = jax_inputs(built)
+    if variant.startswith("plan_"):
+        from remat.planner import plan
+
+        t0 = time.perf_counter()
+        p = plan(loss, params, x, y, budget=float(variant.removeprefix("plan_")), repeat=PLAN_REPEAT,
+                 cache=built.plan_cache)
+        if p.chosen is None:
+            raise PlanInfeasible(f"{variant}: the budget cannot be met (minimum {p.minimum_bytes} temp bytes, "
+                                 f"{p.minimum_bytes / p.none_temp_bytes:.2f} of no checkpoint)")
+        return JaxProgram(variant, p.apply(loss), params, x, y, p.chosen.compiled, time.perf_counter() - t0,
+                          p.chosen.temp_bytes, plan=p)
     step = compiled_step(loss, params, x, y)
     return JaxProgram(variant, loss, params, x, y, step.executable, step.compile_s, step.memory.temp_bytes)
 

@@ -5,7 +5,8 @@ import math
 import os
 from typing import Any
 
-from benchmarks.cases import JAX_VARIANTS, TORCH_VARIANTS, add_overheads
+from benchmarks.cases import JAX_VARIANTS, PLAN_VARIANTS, TORCH_VARIANTS, add_overheads
+from remat._names import NO_CHECKPOINT
 
 MiB = 2**20
 
@@ -70,7 +71,7 @@ def targets(rows: list[dict]) -> list[dict[str, Any]]:
 
     d = _target_depth(rows, "transformer")
     if d is not None:
-        none = _find(rows, "jax", "transformer", d, "none")
+        none = _find(rows, "jax", "transformer", d, NO_CHECKPOINT)
         for variant, temp_max, ovh_max in (("nothing", 0.20, 1.40), ("dots", 0.60, 1.15)):
             r = _find(rows, "jax", "transformer", d, variant)
             if r is None or none is None:
@@ -78,7 +79,7 @@ def targets(rows: list[dict]) -> list[dict[str, Any]]:
                 continue
             temp = _ratio(r["temp_bytes"], none["temp_bytes"])
             ok = temp is not None and temp <= temp_max and r["overhead"] <= ovh_max
-            add(f"transformer {d} layers, per-block {variant}: temp <= {temp_max:.0%} of none, "
+            add(f"transformer {d} layers, per-block {variant}: temp <= {temp_max:.0%} of no_checkpoint, "
                 f"overhead <= {ovh_max:.2f}",
                 ok, f"temp {_mib(r['temp_bytes'])} / {_mib(none['temp_bytes'])} MiB = {temp:.1%}; "
                     f"overhead {r['overhead']:.2f}")
@@ -118,11 +119,11 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def results_table(rows: list[dict]) -> list[str]:
-    order = {("jax", v): i for i, v in enumerate(JAX_VARIANTS)}
+    order = {("jax", v): i for i, v in enumerate(JAX_VARIANTS + PLAN_VARIANTS)}
     order.update({("torch", v): 100 + i for i, v in enumerate(TORCH_VARIANTS)})
     body = []
     for model, depth in models_depths(rows):
-        none = _find(rows, "jax", model, depth, "none")
+        none = _find(rows, "jax", model, depth, NO_CHECKPOINT)
         sel = sorted((r for r in rows if (r["model"], r["depth"]) == (model, depth)),
                      key=lambda r: order.get((r["framework"], r["variant"]), 999))
         for r in sel:
@@ -132,7 +133,7 @@ def results_table(rows: list[dict]) -> list[str]:
                 model, str(depth), r["framework"], r["variant"], _mib(r["saved_bytes"]), _mib(r["temp_bytes"]),
                 temp_rel, _mib(r["peak_rss_bytes"]), f"{r['step_ms']:.1f}", _fmt(r["overhead"]),
             ])
-    return _table(["model", "depth", "framework", "variant", "saved MiB", "temp MiB", "temp / none",
+    return _table(["model", "depth", "framework", "variant", "saved MiB", "temp MiB", "temp / no_checkpoint",
                    "step peak RSS MiB", "step ms", "overhead"], body)
 
 
@@ -172,7 +173,7 @@ def markdown(rows: list[dict], meta: dict[str, Any]) -> str:
         "each framework's variants back to back as in a training loop (a 20 ms pause and one "
         "untimed step whenever the timing switches framework, so neither's spinning threads "
         "slow the other). **overhead**: over the "
-        "same framework's `none`.",
+        "same framework's `no_checkpoint`.",
         f"* Variants: `names` saves {meta.get('names_policy', {})}; `sequential` uses "
         "round(sqrt(depth)) segments in both frameworks (`remat.checkpoint_sequential`, "
         "`torch.utils.checkpoint.checkpoint_sequential`, use_reentrant=False); PyTorch "

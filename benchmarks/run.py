@@ -1,16 +1,19 @@
-"""``python -m benchmarks.run [--quick] [--out DIR]``: remat vs torch.utils.checkpoint.
+"""``python -m benchmarks.run [--quick] [--frontier] [--out DIR]``: remat vs PyTorch.
 
 Measures the MLP and the transformer of :mod:`models` at several depths (``--quick``:
-4, 8 and 16 layers; default: up to 32), in JAX (``none``, ``nothing``, ``dots``,
-``dots_no_batch``, ``names``, ``scan``, ``scan_nested``, ``sequential``) and PyTorch
-(``none``, ``nothing``, ``sequential``), and writes to ``--out``:
+4, 8 and 16 layers; default: up to 32), in JAX (``no_checkpoint``, ``nothing``, ``dots``,
+``dots_no_batch``, ``names``, ``scan``, ``scan_nested``, ``sequential``, ``budget_F``,
+``whole``, ``whole_nested``) and PyTorch (``no_checkpoint``, ``nothing``, ``sequential``,
+``torch_compile_F``), and writes to ``--out``:
 
 * ``results.json``: ``{"meta": ..., "rows": [...], "ratios": [...], "targets": [...]}``;
   every row a flat object with ``framework``, ``model``, ``depth``,
   ``variant``, ``saved_bytes``, ``temp_bytes``, ``peak_rss_bytes``, ``step_ms``,
   ``overhead`` (and a few extra fields, see :func:`benchmarks.measure.measure_model`);
 * ``results.md``: the tables, the JAX/PyTorch ratios and the targets;
-* ``memory_vs_time.png``.
+* ``memory_vs_time.png``;
+* with ``--frontier`` (the variants of :mod:`benchmarks.frontier`, ``remat.plan`` at five
+  budgets among them; depths 8 and 16): ``frontier.md`` and ``frontier.png``.
 
 How it runs: every (model, depth) is measured in a fresh worker process
 (``python -m benchmarks.measure``) holding all variants of both frameworks. Up to
@@ -33,8 +36,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from benchmarks import report
-from benchmarks.cases import MODELS, NAMES_POLICY, SIZES, Sizes
+from benchmarks import frontier, report
+from benchmarks.cases import JAX_VARIANTS, MODELS, NAMES_POLICY, SIZES, TORCH_VARIANTS, Sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,6 +121,10 @@ def worker_env() -> dict[str, str]:
     # The worker switches glibc's allocator itself (remat.analysis.allocator.malloc_mode): no env override.
     env.pop("MALLOC_MMAP_THRESHOLD_", None)
     env.pop("MALLOC_TRIM_THRESHOLD_", None)
+    # torch.compile's first step is timed cold, as remat.plan's compiles are: no reuse of
+    # graphs that an earlier run (or variant) left in inductor's on-disk caches
+    env.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+    env.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
     return env
 
 
@@ -219,9 +226,11 @@ class Runner:
 
 
 def plan(sizes: Sizes, models: tuple[str, ...], depths: tuple[int, ...],
-         steps: int | None) -> list[dict[str, Any]]:
+         steps: int | None, jax_variants: tuple[str, ...] = JAX_VARIANTS,
+         torch_variants: tuple[str, ...] = TORCH_VARIANTS) -> list[dict[str, Any]]:
     """Worker tasks, most expensive first (the transformer's deepest compiles longest)."""
     common = ["--sizes", sizes.name] + (["--steps", str(steps)] if steps else [])
+    common += ["--jax-variants", ",".join(jax_variants), "--torch-variants", ",".join(torch_variants)]
     tasks = []
     measure = sorted(((m, d) for m in models for d in depths),
                      key=lambda md: (-(md[1] * (3 if md[0] == "transformer" else 1)), md[0]))
@@ -233,18 +242,20 @@ def plan(sizes: Sizes, models: tuple[str, ...], depths: tuple[int, ...],
 
 def run_benchmark(sizes: Sizes, out: str | os.PathLike, *, models: tuple[str, ...] = MODELS,
                   depths: tuple[int, ...] | None = None, jobs: int = 2,
-                  steps: int | None = None, log=print) -> dict[str, Any]:
+                  steps: int | None = None, log=print, frontier_run: bool = False) -> dict[str, Any]:
     """Runs everything and writes ``results.json``, ``results.md`` and ``memory_vs_time.png``.
 
-    Returns the ``results.json`` content.
+    ``frontier_run``: the variants of :mod:`benchmarks.frontier` (default depths 8 and 16),
+    and ``frontier.md`` and ``frontier.png`` besides. Returns the ``results.json`` content.
     """
     t0 = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    depths = tuple(depths or sizes.depths)
+    depths = tuple(depths or (frontier.FRONTIER_DEPTHS if frontier_run else sizes.depths))
+    variants = (frontier.FRONTIER_JAX, frontier.FRONTIER_TORCH) if frontier_run else (JAX_VARIANTS, TORCH_VARIANTS)
     loadavg = _loadavg()
     runner = Runner(out, jobs, log=log)
-    results = runner.run(plan(sizes, models, depths, steps))
+    results = runner.run(plan(sizes, models, depths, steps, *variants))
     rows: list[dict[str, Any]] = []
     info: dict[str, Any] = {}
     for _task, payload in results:
@@ -271,10 +282,14 @@ def run_benchmark(sizes: Sizes, out: str | os.PathLike, *, models: tuple[str, ..
         "jobs": jobs, "loadavg": loadavg, "wall_s": round(time.perf_counter() - t0, 1),
         "model_sizes": {m: sizes.model_kwargs(m) for m in models},
         "names_policy": {m: list(NAMES_POLICY[m]) for m in models},
-        "failures": runner.failures, "notes": notes, **info,
+        "failures": runner.failures, "notes": notes, "loadavg_end": _loadavg(), **info,
     }
     meta["wall_s"] = round(time.perf_counter() - t0, 1)
-    return write_outputs(out, rows, meta)
+    data = write_outputs(out, rows, meta)
+    if frontier_run:
+        (out / "frontier.md").write_text(frontier.markdown(rows, meta))
+        frontier.plot(rows, out / "frontier.png")
+    return data
 
 
 def write_outputs(out: str | os.PathLike, rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
@@ -300,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depths", default=None, help="comma-separated depths (default: by size preset)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per variant (>= 5)")
     ap.add_argument("--jobs", type=int, default=2, help="workers compiling at once (timing is exclusive)")
+    ap.add_argument("--frontier", action="store_true",
+                    help="the Pareto frontiers against torch.compile (depths 8 and 16; frontier.md, frontier.png)")
     args = ap.parse_args(argv)
     sizes = SIZES["tiny" if args.tiny else "quick" if args.quick else "full"]
     models = tuple(m for m in args.models.split(",") if m)
@@ -310,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps is not None and args.steps < 1:
         ap.error("--steps must be at least 1")
     data = run_benchmark(sizes, args.out, models=models, depths=depths, jobs=args.jobs, steps=args.steps,
-                         log=lambda s: print(s, flush=True))
-    print((Path(args.out) / "results.md").read_text())
+                         log=lambda s: print(s, flush=True), frontier_run=args.frontier)
+    print((Path(args.out) / ("frontier.md" if args.frontier else "results.md")).read_text())
     return 1 if data["meta"]["failures"] else 0
 
 

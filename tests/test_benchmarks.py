@@ -50,8 +50,8 @@ def _check_schema(rows: list[dict]) -> None:
 
 @pytest.fixture(scope="module")
 def mlp_rows() -> list[dict]:
-    return M.measure_model("mlp", 2, TINY, jax_variants=("none", "nothing", "scan"),
-                           torch_variants=("none", "nothing"), steps=2)
+    return M.measure_model("mlp", 2, TINY, jax_variants=("no_checkpoint", "nothing", "scan"),
+                           torch_variants=("no_checkpoint", "nothing"), steps=2)
 
 
 def _get(rows, framework, variant, depth=None):
@@ -63,26 +63,26 @@ def _get(rows, framework, variant, depth=None):
 def test_row_schema(mlp_rows):
     _check_schema(mlp_rows)
     assert {(r["framework"], r["variant"]) for r in mlp_rows} == {
-        ("jax", "none"), ("jax", "nothing"), ("jax", "scan"), ("torch", "none"), ("torch", "nothing")}
+        ("jax", "no_checkpoint"), ("jax", "nothing"), ("jax", "scan"), ("torch", "no_checkpoint"), ("torch", "nothing")}
 
 
 def test_none_overhead_is_one(mlp_rows):
     for fw in ("jax", "torch"):
-        assert _get(mlp_rows, fw, "none")["overhead"] == 1.0
+        assert _get(mlp_rows, fw, "no_checkpoint")["overhead"] == 1.0
     r = _get(mlp_rows, "jax", "nothing")
-    assert r["overhead"] == pytest.approx(r["step_ms"] / _get(mlp_rows, "jax", "none")["step_ms"], rel=1e-3)
+    assert r["overhead"] == pytest.approx(r["step_ms"] / _get(mlp_rows, "jax", "no_checkpoint")["step_ms"], rel=1e-3)
 
 
 def test_memory_relations_mlp(mlp_rows):
-    none, nothing, scan = (_get(mlp_rows, "jax", v) for v in ("none", "nothing", "scan"))
+    none, nothing, scan = (_get(mlp_rows, "jax", v) for v in ("no_checkpoint", "nothing", "scan"))
     assert scan["temp_bytes"] < none["temp_bytes"]
     assert nothing["temp_bytes"] < none["temp_bytes"]
     # an MLP block's only saved tensor is its relu output (remat.ops.relu keeps no mask),
     # the next block's input: the same tensors that checkpointing keeps, in both frameworks
     assert nothing["saved_bytes"] == none["saved_bytes"]
-    assert _get(mlp_rows, "torch", "nothing")["saved_bytes"] == _get(mlp_rows, "torch", "none")["saved_bytes"]
+    assert _get(mlp_rows, "torch", "nothing")["saved_bytes"] == _get(mlp_rows, "torch", "no_checkpoint")["saved_bytes"]
     # and JAX keeps no more than PyTorch
-    for v in ("none", "nothing"):
+    for v in ("no_checkpoint", "nothing"):
         assert _get(mlp_rows, "jax", v)["saved_bytes"] <= _get(mlp_rows, "torch", v)["saved_bytes"], v
 
 
@@ -111,7 +111,7 @@ def test_jax_variants_run_the_models_own_forward():
     x, y = M.jax_inputs(built)
     logp = jax.nn.log_softmax(built.jax_model(x), axis=-1)  # the NNX model itself
     expected = -jnp.mean(jnp.take_along_axis(logp, y[..., None], axis=-1))
-    for v in ("none", "nothing", "names", "budget_0.5", "scan", "scan_nested", "sequential"):
+    for v in ("no_checkpoint", "nothing", "names", "budget_0.5", "scan", "scan_nested", "sequential"):
         loss, params = M.jax_loss(built, v)
         assert float(loss(params, x, y)) == pytest.approx(float(expected), rel=1e-5), v
     with pytest.raises(ValueError, match="unknown JAX variant"):
@@ -131,11 +131,11 @@ def _synthetic_rows() -> list[dict]:
                      "step_ms": float(ms), "overhead": None})
 
     for d in (4, 16):
-        add("jax", "transformer", d, "none", 100 * d, 100 * d, 10 * d)
+        add("jax", "transformer", d, "no_checkpoint", 100 * d, 100 * d, 10 * d)
         add("jax", "transformer", d, "nothing", 10 * d, 15 * d, 13 * d)
         add("jax", "transformer", d, "dots", 50 * d, 70 * d, 11 * d)
         add("jax", "transformer", d, "scan_nested", 5 * d, 100 * math.sqrt(d), 14 * d)
-        add("torch", "transformer", d, "none", 100 * d, None, 12 * d)
+        add("torch", "transformer", d, "no_checkpoint", 100 * d, None, 12 * d)
         add("torch", "transformer", d, "nothing", 12 * d, None, 12.5 * d)
     return rows
 
@@ -152,7 +152,7 @@ def test_targets_and_ratios():
     (sn,) = [v for k, v in met.items() if "scan_nested" in k]
     assert sn is True  # grows exactly like sqrt(depth)
     ratios = report.jax_torch_ratios(rows)
-    r = [x for x in ratios if x["depth"] == 4 and x["variant"] == "none"][0]
+    r = [x for x in ratios if x["depth"] == 4 and x["variant"] == "no_checkpoint"][0]
     assert r["step_ms_ratio"] == pytest.approx(40 / 48)
     assert r["saved_bytes_ratio"] == pytest.approx(1.0)
 
@@ -178,15 +178,20 @@ def test_transformer_all_variants_tiny():
     assert {r["variant"] for r in rows if r["framework"] == "jax"} == set(M.JAX_VARIANTS)
     assert {r["variant"] for r in rows if r["framework"] == "torch"} == set(M.TORCH_VARIANTS)
     temp = {r["variant"]: r["temp_bytes"] for r in rows if r["framework"] == "jax"}
-    assert temp["nothing"] < temp["dots"] < temp["none"]
-    assert temp["scan"] < temp["none"]
+    assert temp["nothing"] < temp["dots"] < temp["no_checkpoint"]
+    assert temp["scan"] < temp["no_checkpoint"]
     saved = {r["variant"]: r["saved_bytes"] for r in rows if r["framework"] == "jax"}
-    assert saved["nothing"] < saved["names"] < saved["dots"] < saved["none"]
+    assert saved["nothing"] < saved["names"] < saved["dots"] < saved["no_checkpoint"]
     assert saved["scan"] == saved["nothing"]  # the same block inputs, kept by the scan
     # with remat.ops (LayerNorm, GELU, masked softmax), JAX keeps no more than PyTorch
     torch_saved = {r["variant"]: r["saved_bytes"] for r in rows if r["framework"] == "torch"}
-    for v in M.TORCH_VARIANTS:
+    for v in ("no_checkpoint", "nothing", "sequential"):
         assert saved[v] <= torch_saved[v], (v, saved[v], torch_saved[v])
+    # the whole step checkpointed keeps less than torch.compile's leanest partition (the
+    # batch, in int32 against int64), and torch.compile's budget orders what it keeps
+    assert saved["whole"] <= torch_saved["torch_compile_0.0"] < torch_saved["torch_compile_1.0"]
+    compile_s = {r["variant"]: r["compile_s"] for r in rows if r["framework"] == "torch"}
+    assert all(compile_s[v] > 0 for v in M.TORCH_VARIANTS if v.startswith("torch_compile_"))
 
 
 @pytest.mark.slow
@@ -198,3 +203,93 @@ def test_cli_tiny(tmp_path):
     assert {r["depth"] for r in data["rows"]} == {2, 4}
     assert len(data["rows"]) == 2 * (len(M.JAX_VARIANTS) + len(M.TORCH_VARIANTS))
     assert (tmp_path / "memory_vs_time.png").stat().st_size > 0
+
+
+def test_whole_step_variants_keep_only_the_inputs():
+    built = M.build("transformer", 2, TINY)
+    x, y = M.jax_inputs(built)
+    saved = {}
+    for v in ("no_checkpoint", "nothing", "whole", "whole_nested"):
+        loss, params = M.jax_loss(built, v)
+        saved[v] = M.jax_saved_bytes(loss, params, x, y)["saved_bytes"]
+    # the whole step checkpointed keeps the batch (tokens and targets) and nothing computed
+    assert saved["whole"] == saved["whole_nested"] == x.nbytes + y.nbytes
+    assert saved["whole"] < saved["nothing"] < saved["no_checkpoint"]
+
+
+def _frontier_rows() -> list[dict]:
+    def r(fw, variant, saved, ms):
+        return {"framework": fw, "model": "mlp", "depth": 8, "variant": variant, "saved_bytes": saved,
+                "step_ms": float(ms), "compile_s": 1.0}
+
+    return [r("jax", "no_checkpoint", 100, 10), r("jax", "nothing", 20, 12), r("jax", "dots", 60, 13),
+            r("jax", "whole_nested", 2, 12.5), r("jax", "plan_0.0", 2, 12.0),
+            r("torch", "no_checkpoint", 100, 11), r("torch", "torch_compile_1.0", 90, 9),
+            r("torch", "torch_compile_0.0", 2, 11.5), r("torch", "torch_compile_0.5", 40, 9.5)]
+
+
+def test_pareto_and_goal():
+    from benchmarks import frontier
+
+    rows = _frontier_rows()
+    front = frontier.pareto([r for r in rows if r["framework"] == "jax"])
+    # dots is beaten by nothing (less saved, faster); plan_0.0 beats whole_nested (equal saved, faster)
+    assert [r["variant"] for r in front] == ["plan_0.0", "no_checkpoint"]
+    goal = {g["torch_variant"]: g for g in frontier.goal(rows)}
+    assert goal["torch_compile_0.0"]["remat_variant"] == "plan_0.0"
+    assert goal["torch_compile_0.0"]["ratio"] == pytest.approx(12.0 / 11.5) and not goal["torch_compile_0.0"]["met"]
+    assert goal["torch_compile_1.0"]["ratio"] == pytest.approx(12.0 / 9.0) and not goal["torch_compile_1.0"]["met"]
+    assert goal["torch_compile_0.5"]["ratio"] == pytest.approx(12.0 / 9.5)
+    md = frontier.markdown(rows, {})
+    assert "| mlp | 8 | remat | plan_0.0 |" in md and "missed" in md
+
+
+def test_compile_budget_names():
+    from benchmarks.cases import TORCH_COMPILE_VARIANTS, compile_budget
+
+    assert [compile_budget(v) for v in TORCH_COMPILE_VARIANTS] == [1.0, 0.5, 0.25, 0.0]
+    assert compile_budget("nothing") is None and compile_budget("torch_compile_2") is None
+    with pytest.raises(ValueError, match="unknown PyTorch variant"):
+        M.torch_program(M.build("mlp", 2, TINY), "torch_compile_x")
+
+
+@pytest.mark.slow
+def test_torch_compile_variants_count_what_the_compiled_backward_saves():
+    built = M.build("mlp", 2, TINY)
+    eager = M.torch_saved_bytes(M.torch_program(built, "no_checkpoint"))["saved_bytes"]
+    full = M.torch_program(built, "torch_compile_1.0")
+    lean = M.torch_program(built, "torch_compile_0.0")
+    assert full.compile_s > 0 and lean.compile_s > 0
+    full_saved = M.torch_saved_bytes(full)["saved_bytes"]
+    lean_saved = M.torch_saved_bytes(lean)["saved_bytes"]
+    # budget 1.0 keeps about what eager keeps; budget 0.0 only the batch (int64 targets)
+    assert 0.9 * eager <= full_saved <= 1.1 * eager
+    x, y = built.inputs, built.targets
+    assert lean_saved <= x.astype("float32").nbytes + y.astype("int64").nbytes < full_saved
+    # gradients equal the eager twin's
+    import torch
+
+    eager_prog = M.torch_program(built, "no_checkpoint")
+    eager_prog.step()
+    g0 = [p.grad.clone() for p in eager_prog.params]
+    lean.step()
+    for a, b in zip(lean.params, g0):
+        torch.testing.assert_close(a.grad, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_frontier_run_tiny(tmp_path):
+    from benchmarks import frontier
+
+    rc = bench_run.main(["--tiny", "--frontier", "--models", "mlp", "--depths", "2", "--steps", "2",
+                         "--out", str(tmp_path)])
+    assert rc == 0
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    variants = {(r["framework"], r["variant"]) for r in rows}
+    assert {("torch", v) for v in frontier.FRONTIER_TORCH} <= variants
+    assert ("jax", "plan_0.0") in variants and ("jax", "whole_nested") in variants
+    goal = frontier.goal(rows)
+    assert len(goal) == 4 and all(g["remat_saved_bytes"] <= g["torch_saved_bytes"] for g in goal)
+    md = (tmp_path / "frontier.md").read_text()
+    assert "## remat against every torch.compile point" in md and "torch_compile_0.0" in md
+    assert (tmp_path / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -2,16 +2,20 @@
 from __future__ import annotations
 
 import argparse
+import time
+from typing import Any
 
 from remat.cli._common import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
     UsageError,
+    add_checkpoint_flags,
     add_keep_freed_memory_flag,
     apply_keep_freed_memory_flag,
     build_task,
     print_json,
     print_table,
+    validate_checkpoint_flags,
 )
 
 HELP = "find the fastest remat plan whose compiled memory fits a budget, beside every fixed policy"
@@ -22,23 +26,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL",
                         help="mlp, transformer, cnn, seed-model, seed-mymodel or path/to/file.py:factory")
     parser.add_argument("--memory-budget", "--budget", dest="budget", type=float, required=True, metavar="F",
-                        help="the whole step's compiled temp memory allowed, as a fraction in (0, 1] of no "
-                             "checkpoint (--budget is the shorter spelling)")
+                        help="the whole step's compiled temp memory allowed, as a fraction in [0, 1] of no "
+                             "checkpoint; 0: the leanest plan found (--budget is the shorter spelling)")
     parser.add_argument("--depth", type=int, default=None, help="number of blocks (built-in models)")
     parser.add_argument("--width", type=int, default=None, help="block width (built-in models)")
     parser.add_argument("--batch-size", type=int, default=None, help="batch size (default: the model's)")
     parser.add_argument("--seq-len", type=int, default=None, help="transformer context length")
     parser.add_argument("--repeat", type=int, default=5, help="timed steps per fitting candidate (median)")
     parser.add_argument("--seed", type=int, default=0)
+    add_checkpoint_flags(parser, every_aliases=("--every",))
     add_keep_freed_memory_flag(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
-    if not 0 < args.budget <= 1:
-        raise UsageError(f"--budget {args.budget}: use a fraction in (0, 1], e.g. --budget 0.5")
+    if not 0 <= args.budget <= 1:
+        raise UsageError(f"--budget {args.budget}: use a fraction in [0, 1] (0: the leanest plan), "
+                         "e.g. --budget 0.5")
     if args.repeat < 1:
         raise UsageError("--repeat must be at least 1")
+    validate_checkpoint_flags(args)
     apply_keep_freed_memory_flag(args)  # before JAX starts its threads
     from remat.models.tasks import pure_step_loss
     from remat.planner import plan
@@ -47,17 +54,23 @@ def run(args: argparse.Namespace) -> int:
     budget = args.budget
     task = build_task(args)
     loss, step_args = pure_step_loss(task)
+    started = time.perf_counter()
     result = plan(loss, *step_args, budget=budget, repeat=args.repeat)
+    plan_s = time.perf_counter() - started
+    modules = _module_choices(loss, step_args, result.chosen) if args.checkpoint else []
     if args.json:
-        print_json({"model": task.name, **result.to_dict()})
+        print_json({"model": task.name, "checkpoint": args.checkpoint, "plan_s": round(plan_s, 1),
+                    "modules": [{"path": p, "policy": s} for p, s in modules], **result.to_dict()})
     else:
         mib = 2**20
         rows = [[("-> " if result.chosen and c.label == result.chosen.label else "   ") + c.label,
-                 f"{c.temp_bytes / mib:.1f}", f"{c.temp_bytes / result.none_temp_bytes:.2f}",
-                 "yes" if c.fits else "no", f"{c.predicted_ms:.2f}",
+                 *((f"{c.temp_bytes / mib:.1f}", f"{c.temp_bytes / result.none_temp_bytes:.2f}")
+                   if c.temp_bytes is not None else ("-", "rejected")),  # residuals alone exceed the limit
+                 "yes" if c.fits else "no", "-" if c.predicted_ms is None else f"{c.predicted_ms:.2f}",
                  "-" if c.measured_ms is None else f"{c.measured_ms:.2f}"] for c in result.candidates]
         print_table(f"remat plan {task.name}: budget {budget} of {result.none_temp_bytes / mib:.1f} MiB "
-                    f"compiled temp memory, {result.num_regions} regions",
+                    f"compiled temp memory, {result.num_regions} regions"
+                    + (f" ({task.policy})" if args.checkpoint else ""),
                     ["candidate", "temp MiB", "of none", "fits", "predicted ms", "measured ms"], rows)
         if result.chosen is None:
             print(f"the budget cannot be met: the minimum found is {result.minimum_bytes / mib:.1f} MiB "
@@ -66,4 +79,22 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"plan: {result.chosen.label} ({result.chosen.temp_bytes / mib:.1f} MiB, "
                   f"{result.chosen.measured_ms:.2f} ms per step)")
+            if modules:
+                print("per module: " + ", ".join(f"{p} {s}" for p, s in modules))
+        compiled = sum(c.compiled is not None for c in result.candidates)
+        print(f"planned in {plan_s:.1f} s: {len(result.candidates)} candidates, {compiled} compiled, "
+              f"{len({c.program for c in result.candidates if c.program})} distinct programs")
     return EXIT_OK if result.feasible else EXIT_CHECK_FAILED
+
+
+def _module_choices(loss: Any, step_args: tuple, chosen: Any) -> list[tuple[str, str]]:
+    """``--checkpoint``: the plan's choice for each module apply_checkpointing selected."""
+    from remat.planner import _spec_label, region_paths
+
+    if chosen is None:
+        return []
+    paths = region_paths(loss, *step_args)
+    if len(paths) != len(chosen.policies):
+        return []
+    return [(".".join(map(str, p)) if p is not None else "(by hand)", _spec_label(s))
+            for p, s in zip(paths, chosen.policies)]

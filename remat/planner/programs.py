@@ -4,8 +4,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import jax
 
 from remat.analysis.budget import rates
 from remat.analysis.compiled import compiled_step
@@ -42,6 +44,21 @@ def program_fingerprint(compiled: Any) -> str:
         skipping = False
         kept.append(re.sub(r",? ?metadata=\{[^}]*\}|,? ?stack_frame_id=\d+", "", line))
     return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:16]
+
+
+def lower_step(fn: Callable[..., Any], args: tuple, argnums: int | Sequence[int] = 0) -> Any:
+    """``jax.jit(jax.grad(fn, argnums))`` lowered for ``args``: traced, not yet compiled.
+
+    The same program :func:`remat.analysis.compiled.compiled_step` compiles; the planner
+    lowers first so that candidates lowering to the same program compile once.
+    """
+    argnums = argnums if isinstance(argnums, int) else tuple(argnums)
+    return jax.jit(jax.grad(fn, argnums=argnums)).lower(*args)
+
+
+def lowered_fingerprint(lowered: Any) -> str:
+    """A hash of a lowered program's StableHLO text (printed without source locations)."""
+    return hashlib.sha256(lowered.as_text().encode()).hexdigest()[:16]
 
 
 def compile_step(fn: Callable[..., Any], args: tuple, argnums: Any = 0) -> Any:

@@ -11,7 +11,7 @@ import jax
 
 from remat import scan as _scan
 from remat._core import hooks
-from remat._core.checkpoint import CheckpointOptions
+from remat._core.checkpoint import CheckpointOptions, checkpoint
 from remat.analysis import names_in_jaxpr
 from remat.policies import NO_CHECKPOINT, is_no_checkpoint, policy_name, resolve_policy
 
@@ -85,14 +85,17 @@ def _sequential_choice(segments: int | None) -> Iterator[list[int]]:
 
 def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
                    scan: tuple[Any, Any] | None = None,
-                   sequential: int | None = None) -> Callable[..., Any]:
+                   sequential: int | None = None, whole_step: bool = False) -> Callable[..., Any]:
     """``step_fn`` whose i-th checkpointed region uses ``policies[i]`` (``NONE``: no checkpoint).
 
     ``scan=(policy, groups)`` also re-decides every :func:`remat.scan.scan_layers` in the
     step: its per-layer policy (``NO_CHECKPOINT``: no checkpoint) and ``groups`` checkpointed
     groups (None: one flat scan). ``sequential=k`` runs every
     :func:`remat.checkpoint_sequential` with ``k`` segments (at most its length; the
-    regions it makes keep the options written).
+    regions it makes keep the options written). ``whole_step=True`` checkpoints the whole
+    step once more, around all that (policy ``"nothing"``): its backward pass keeps only
+    the step's inputs and recomputes everything else, its regions checkpointed as
+    ``policies`` say.
     """
     policies = tuple(policies)
 
@@ -101,6 +104,9 @@ def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
             return step_fn(*args, **kwargs)
 
     planned.__name__ = getattr(step_fn, "__name__", "step")
+    if whole_step:
+        # made outside the hooks above, so this region is not one of the step's own
+        return checkpoint(planned, policy="nothing")
     return planned
 
 
