@@ -6,6 +6,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from flax import nnx
 
 
@@ -98,3 +99,26 @@ def apply_torch_checkpointing(torch_model: Any, paths: list[tuple[Any, ...]]) ->
 
 def _torch_path(path: tuple[Any, ...]) -> str:
     return ".".join(map(str, path))
+
+
+def token_inputs(config: Any, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """Token ids ``(batch, seq_len)`` below ``config.vocab``, int64 as PyTorch's embeddings expect."""
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, config.vocab, size=(config.batch, config.seq_len)).astype(np.int64),)
+
+
+def token_targets(config: Any, seed: int = 0) -> np.ndarray:
+    """Next-token labels ``(batch, seq_len)`` for a cross-entropy training run."""
+    rng = np.random.default_rng(seed + 1)
+    return rng.integers(0, config.vocab, size=(config.batch, config.seq_len)).astype(np.int64)
+
+
+def image_inputs(config: Any, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """One float32 image batch in PyTorch's NCHW layout."""
+    shape = (config.batch, config.in_channels, config.image_size, config.image_size)
+    return (np.random.default_rng(seed).standard_normal(shape).astype(np.float32),)
+
+
+def image_targets(config: Any, seed: int = 0) -> np.ndarray:
+    """Class labels ``(batch,)`` for a cross-entropy training run."""
+    return np.random.default_rng(seed + 1).integers(0, config.num_classes, size=(config.batch,)).astype(np.int64)

@@ -27,13 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
-import numpy as np
 from flax import nnx
 
 import remat
 from remat import ops
 from remat.models._settings import RematSettings, jax_block, torch_block
 from remat.models._twin import build_pair
+from remat.models._twin import image_inputs as example_inputs  # noqa: F401  (the registry's)
+from remat.models._twin import image_targets as example_targets  # noqa: F401  (the registry's)
 from remat.ops import BatchNorm  # public in remat.ops; the name models.cnn.BatchNorm stays
 
 CHECKPOINT_NAMES = ("conv_out",)
@@ -130,15 +131,8 @@ def make_torch_model(config: CNNConfig) -> Any:
     return torch_classes().CNN(config)
 
 
-def example_inputs(config: CNNConfig, seed: int = 0) -> tuple[np.ndarray, ...]:
-    """One float32 image batch in PyTorch's NCHW layout."""
-    shape = (config.batch, config.in_channels, config.image_size, config.image_size)
-    return (np.random.default_rng(seed).standard_normal(shape).astype(np.float32),)
 
 
-def example_targets(config: CNNConfig, seed: int = 0) -> np.ndarray:
-    """Class labels ``(batch,)`` for a cross-entropy training run."""
-    return np.random.default_rng(seed + 1).integers(0, config.num_classes, size=(config.batch,)).astype(np.int64)
 
 
 def build(config: CNNConfig | None = None, seed: int = 0) -> tuple[Any, Any, tuple]:

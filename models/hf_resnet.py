@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
-import numpy as np
 from flax import nnx
 
 import remat
@@ -39,6 +38,8 @@ from remat import ops
 from remat.models._hf import checkpoint_torch_blocks, transformers_module
 from remat.models._settings import RematSettings, jax_block
 from remat.models._twin import build_pair
+from remat.models._twin import image_inputs as example_inputs  # noqa: F401  (the registry's)
+from remat.models._twin import image_targets as example_targets  # noqa: F401  (the registry's)
 
 CHECKPOINT_NAMES = ("conv_out",)
 BN_EPS = 1e-5
@@ -201,15 +202,8 @@ def make_torch_model(config: ResNetConfig) -> Any:
     return model
 
 
-def example_inputs(config: ResNetConfig, seed: int = 0) -> tuple[np.ndarray, ...]:
-    """One float32 image batch in PyTorch's NCHW layout."""
-    shape = (config.batch, config.in_channels, config.image_size, config.image_size)
-    return (np.random.default_rng(seed).standard_normal(shape).astype(np.float32),)
 
 
-def example_targets(config: ResNetConfig, seed: int = 0) -> np.ndarray:
-    """Class labels ``(batch,)`` for a cross-entropy training run."""
-    return np.random.default_rng(seed + 1).integers(0, config.num_classes, size=(config.batch,)).astype(np.int64)
 
 
 def build(config: ResNetConfig | None = None, seed: int = 0) -> tuple[Any, Any, tuple]:

@@ -25,13 +25,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 import remat
 from remat import ops
 from remat.models._settings import RematSettings, jax_block, torch_block
 from remat.models._twin import build_pair
+from remat.models._twin import token_inputs as example_inputs  # noqa: F401  (the registry's)
+from remat.models._twin import token_targets as example_targets  # noqa: F401  (the registry's)
 
 CHECKPOINT_NAMES = ("attn_out", "mlp_hidden")
 LN_EPS = 1e-5  # torch.nn.LayerNorm's default (Flax's is 1e-6)
@@ -224,16 +225,8 @@ def make_torch_model(config: TransformerConfig) -> Any:
     return torch_classes().Transformer(config)
 
 
-def example_inputs(config: TransformerConfig, seed: int = 0) -> tuple[np.ndarray, ...]:
-    """Token ids ``(batch, seq_len)``, int64 as PyTorch's embeddings expect."""
-    rng = np.random.default_rng(seed)
-    return (rng.integers(0, config.vocab, size=(config.batch, config.seq_len)).astype(np.int64),)
 
 
-def example_targets(config: TransformerConfig, seed: int = 0) -> np.ndarray:
-    """Next-token labels ``(batch, seq_len)`` for a cross-entropy training run."""
-    rng = np.random.default_rng(seed + 1)
-    return rng.integers(0, config.vocab, size=(config.batch, config.seq_len)).astype(np.int64)
 
 
 def build(config: TransformerConfig | None = None, seed: int = 0) -> tuple[Any, Any, tuple]:
