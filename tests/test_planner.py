@@ -246,7 +246,8 @@ def test_budget_zero_is_the_leanest_plan_and_whole_step_keeps_only_inputs():
     p = plan(loss, WS, X, budget=0, measure=False, policies=("nothing",), budget_fractions=())
     by = {c.label: c for c in p.candidates}
     nothing, none = by["all: nothing"], by["no checkpoint"]
-    whole_plain, whole_nested = by["whole step: nothing, regions no_checkpoint"], by["whole step: nothing, regions as written"]
+    whole_plain = by["whole step: nothing, regions no_checkpoint"]
+    whole_nested = by["whole step: nothing, regions as written"]
     # the whole step checkpointed keeps no computed value, only the step's inputs
     assert whole_plain.residual_bytes == whole_nested.residual_bytes == 0
     assert nothing.residual_bytes > 0 and none.residual_bytes > nothing.residual_bytes
