@@ -207,3 +207,12 @@ def test_readme_recipe_prints_the_report_it_shows(capsys):
         return [re.sub(r"\d\.\d\de[-+]\d\d", "E", line).split() for line in text.strip().splitlines()]
 
     assert skeleton(printed) == skeleton(shown)
+
+
+@pytest.mark.slow
+def test_cli_table_names_what_its_rows_leave_out(capsys):
+    assert main(["crosscheck", "gpt2", "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "tied (one tensor, loaded and compared once): transformer.wte.weight = lm_head.weight" in out
+    assert ("excluded from the weight comparison: transformer.h.0.attn.c_attn.bias, "
+            "transformer.h.1.attn.c_attn.bias") in out

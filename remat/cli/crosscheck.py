@@ -196,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
     print_table(f"{args.model}: gradients vs PyTorch, {label}, {args.dtype} "
                 f"(pass: max abs err <= {grads.atol:g} + {grads.rtol:g} * max|torch|): {verdict}",
                 COLUMNS, _rows(grads.rows))
+    for note in grads.notes():
+        print(note)
     if training is not None:
         verdict = "ok" if training.ok else f"FAILED ({len(training.failures)} out of tolerance)"
         print_table(f"{args.model}: {args.optimizer}, {args.steps} steps, {training.mode} mode, loss curves",
@@ -204,5 +206,7 @@ def run(args: argparse.Namespace) -> int:
                      enumerate(zip(training.jax_losses, training.torch_losses))])
         print_table(f"{args.model}: after training (pass: max abs err <= {training.atol:g} + "
                     f"{training.rtol:g} * max|torch|): {verdict}", COLUMNS, _rows(training.rows))
+        for note in training.notes():
+            print(note)
     print(f"{'PASS' if ok else 'FAIL'}: {args.model}, {label}, {args.dtype}")
     return EXIT_OK if ok else EXIT_CHECK_FAILED

@@ -176,12 +176,15 @@ class GradientReport(_RowsVerdict):
                 "max_rel_err": self.max_rel, "rows": [r.to_dict() for r in self.rows],
                 "tied": [list(g) for g in self.tied], "skipped": self.skipped}
 
+    def notes(self) -> list[str]:
+        """What the rows do not show: tied names, skipped output leaves (one line each)."""
+        notes = [_tied_line(self.tied)] if self.tied else []
+        return notes + ([f"skipped (not arrays): {', '.join(sorted(set(self.skipped)))}"] if self.skipped else [])
+
     def __str__(self) -> str:
         title = (f"gradient check, {self.dtype}, pass when max abs err <= {self.atol:g} + "
                  f"{self.rtol:g} * max|torch|: {self._verdict()}")
-        notes = [_tied_line(self.tied)] if self.tied else []
-        notes += [f"skipped (not arrays): {', '.join(sorted(set(self.skipped)))}"] if self.skipped else []
-        return "\n".join([title, *_format_rows(self.rows), *notes])
+        return "\n".join([title, *_format_rows(self.rows), *self.notes()])
 
 
 @dataclass
@@ -221,6 +224,9 @@ class TrainingReport(_RowsVerdict):
                  f"{self._verdict()}",
                  "step  jax loss          torch loss"]
         lines += [f"{i:<4}  {a:<16.10g}  {b:.10g}" for i, (a, b) in enumerate(zip(self.jax_losses, self.torch_losses))]
+        return "\n".join(lines + _format_rows(self.rows) + self.notes())
+
+    def notes(self) -> list[str]:
+        """What the rows do not show: tied names, excluded parameters (one line each)."""
         notes = [_tied_line(self.tied)] if self.tied else []
-        notes += [f"excluded from the weight comparison: {', '.join(self.excluded)}"] if self.excluded else []
-        return "\n".join(lines + _format_rows(self.rows) + notes)
+        return notes + ([f"excluded from the weight comparison: {', '.join(self.excluded)}"] if self.excluded else [])
