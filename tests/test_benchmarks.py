@@ -103,6 +103,7 @@ def test_saved_bytes_exclude_parameters():
     assert tb["saved_bytes"] >= 3 * act
 
 
+@pytest.mark.slow
 def test_jax_variants_run_the_models_own_forward():
     import jax
     import jax.numpy as jnp

@@ -193,6 +193,7 @@ def test_names_policy_saves_the_tagged_values():
     assert "named 'attn_out'" not in nothing
 
 
+@pytest.mark.slow
 def test_block_lists_work_with_checkpoint_sequential():
     cfg = mlp.MLPConfig(depth=4)
     model = mlp.MLP(dataclasses.replace(cfg, remat=RematSettings.none()), rngs=nnx.Rngs(0))
