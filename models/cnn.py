@@ -131,10 +131,6 @@ def make_torch_model(config: CNNConfig) -> Any:
     return torch_classes().CNN(config)
 
 
-
-
-
-
 def build(config: CNNConfig | None = None, seed: int = 0) -> tuple[Any, Any, tuple]:
     """``(jax_model, torch_model, example_inputs)`` with identical weights (torch's init).
 

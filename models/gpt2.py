@@ -168,10 +168,6 @@ def make_torch_model(config: GPT2Config) -> Any:
     return model
 
 
-
-
-
-
 def build(config: GPT2Config | None = None, seed: int = 0) -> tuple[Any, Any, tuple]:
     """``(jax_model, hf_model, example_inputs)`` with identical weights (HuggingFace's init).
 

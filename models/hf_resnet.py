@@ -202,10 +202,6 @@ def make_torch_model(config: ResNetConfig) -> Any:
     return model
 
 
-
-
-
-
 def build(config: ResNetConfig | None = None, seed: int = 0) -> tuple[Any, Any, tuple]:
     """``(jax_model, hf_model, example_inputs)`` with identical weights (HuggingFace's init).
 

@@ -200,10 +200,6 @@ def make_torch_model(config: LlamaConfig) -> Any:
     return model
 
 
-
-
-
-
 def build(config: LlamaConfig | None = None, seed: int = 0) -> tuple[Any, Any, tuple]:
     """``(jax_model, hf_model, example_inputs)`` with identical weights (HuggingFace's init).
 

@@ -225,10 +225,6 @@ def make_torch_model(config: TransformerConfig) -> Any:
     return torch_classes().Transformer(config)
 
 
-
-
-
-
 def build(config: TransformerConfig | None = None, seed: int = 0) -> tuple[Any, Any, tuple]:
     """``(jax_model, torch_model, example_inputs)`` with identical weights (torch's init).
 
