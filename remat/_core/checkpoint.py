@@ -19,15 +19,8 @@ import jax
 from remat._core import flax_adapters as _flax
 from remat._core.arguments import signature, split_call
 from remat._core.hooks import RegionChooser, current
-from remat._core.lowering import mark_region
-from remat._core.regions import (
-    CALL_SIGNATURE,
-    Region,
-    call_region,
-    checkpointed_caller,
-    count_scalar_variants,
-    interned,
-)
+from remat._core.lowering import classic_checkpoint, mark_region
+from remat._core.regions import ACTIVE_CALL, REGIONS, ActiveCall, Region
 from remat.policies import PolicySpec, is_no_checkpoint, policy_name, resolve_policy
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -234,7 +227,7 @@ def rematerialized(fn: Callable[..., Any], policy: PolicySpec, *, prevent_cse: b
     """
     if is_no_checkpoint(policy):
         return fn
-    return jax.checkpoint(fn, policy=mark_region(resolve_policy(policy)), prevent_cse=prevent_cse)
+    return classic_checkpoint(fn, policy=mark_region(resolve_policy(policy)), prevent_cse=prevent_cse)
 
 
 def _check_callable(function: Any) -> None:
@@ -302,36 +295,35 @@ def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwa
     nodes, rebind = bound if bound is not None else ([], None)
     graph_nodes = list(nodes) + [x for x in call.dynamic if _flax.is_nnx_node(x)]
     nnx_mode = None if not graph_nodes else "in place" if _flax.nnx_in_place(graph_nodes) else "changed only"
+    anchor, kind = _flax.function_anchor(function)
     if not opts.trace_scalars:
-        count_scalar_variants(function, call)
-    key = None if call.static_key is None else (_flax.function_key(function), call.static_key, len(nodes))
-    region = interned(Region(function, rebind, len(nodes), call, key))
+        REGIONS.count_scalar_variants(anchor, function, call)
+    static_key = call.static_key
+    region = REGIONS.region(anchor, None if static_key is None else (kind, len(nodes), static_key))
     inputs = list(nodes) + call.dynamic
     flags = (True,) * len(nodes) + call.prevent_cse
     prevent_cse = flags[0] if flags and all(f == flags[0] for f in flags) else flags
 
     def remat_with(policy: Any) -> Callable[..., Any]:
-        return functools.partial(checkpointed_caller(policy, prevent_cse, nnx_mode), region)
+        return region.caller(policy, prevent_cse, nnx_mode)
 
     sig = signature(inputs)
-    token = CALL_SIGNATURE.set(sig)
+    token = ACTIVE_CALL.set(ActiveCall(function, rebind, len(nodes), call, sig))
     try:
         policy = opts.policy
         if isinstance(policy, RegionChooser):  # e.g. a residual budget: per region, from the inputs
             policy = policy.choose_policy(remat_with, inputs)
         if opts.debug:
-            _print_debug_report(function, functools.partial(call_region, region), remat_with(policy),
-                                inputs, opts)
+            _print_debug_report(function, region, remat_with(policy), inputs, opts)
         outputs = remat_with(policy)(*inputs)
         if not region.store.has(sig):
-            # JAX served a trace made for an equal region that has since left the intern
-            # table: trace this one afresh, under a region no cache knows.
-            region = Region(function, rebind, len(nodes), call, None)
+            # A trace cache keyed differently from the store (it never should be): trace
+            # this call afresh rather than guess its non-array outputs.
+            region = Region()
             outputs = remat_with(policy)(*inputs)
     finally:
-        CALL_SIGNATURE.reset(token)
+        ACTIVE_CALL.reset(token)
     return region.store.unpack(outputs, sig)
-
 
 
 def _print_debug_report(function, region, remat_region, inputs, opts: CheckpointOptions) -> None:

@@ -15,7 +15,7 @@ import flax.linen as nn
 from flax import nnx
 
 from remat._core.arguments import OutputStore, is_nnx_node, split_call
-from remat._core.lowering import mark_region
+from remat._core.lowering import classic_remat, mark_region
 
 if TYPE_CHECKING:
     from remat._core.checkpoint import CheckpointOptions
@@ -38,14 +38,18 @@ def nnx_owner(function: Any) -> nnx.Module | None:
     return _module_of(function, nnx.Module)
 
 
-def function_key(function: Any) -> Any:
-    """What identifies ``function``'s trace: for an NNX module or method its class or
-    method, since the module itself (its state) is an input of the region."""
+def function_anchor(function: Any) -> tuple[Any, str]:
+    """What a region's trace cache is tied to, and the kind of call.
+
+    For an NNX module or bound method it is the class or the method's function, because
+    the module itself (its state) is an input of the region; for anything else it is the
+    callable object itself, as for ``jax.checkpoint``.
+    """
     if isinstance(function, nnx.Module):
-        return ("nnx.Module", type(function))
+        return type(function), "nnx.Module"
     if nnx_owner(function) is not None:
-        return ("nnx.Module method", function.__func__)
-    return function
+        return function.__func__, "nnx.Module method"
+    return function, "callable"
 
 
 def nnx_bound(function: Any) -> tuple[list[Any], Callable[[Sequence[Any]], Callable[..., Any]]] | None:
@@ -112,7 +116,7 @@ def captured(
 
 def nnx_remat(fn: Callable[..., Any], *, policy: Any, prevent_cse: bool | tuple,
               in_place: bool) -> Callable[..., Any]:
-    """``nnx.remat(fn)`` with ``fn``'s first argument static.
+    """``nnx.remat(fn)``.
 
     ``in_place``: the nodes belong to the current trace (eager code, or inside an nnx
     transform), so every update is written back as ``nnx.remat`` does, attributes and
@@ -120,7 +124,7 @@ def nnx_remat(fn: Callable[..., Any], *, policy: Any, prevent_cse: bool | tuple,
     outside it) ``nnx.remat``'s tree mode writes back only the Variables the region changed:
     the untouched parameters are never written, so the modules stay valid.
     """
-    return nnx.remat(fn, static_argnums=(0,), policy=mark_region(policy), prevent_cse=prevent_cse,
+    return nnx.remat(fn, policy=mark_region(policy), prevent_cse=prevent_cse,
                      graph_updates=None if in_place else False)
 
 
@@ -202,8 +206,9 @@ def linen_call(function: Any, module: nn.Module, opts: CheckpointOptions, args: 
             out = function.__func__(mdl, *a, **k)  # the method, applied to the lifted copy
         return store.pack(out, None)
 
-    lifted = nn.checkpoint(region, policy=mark_region(opts.policy), prevent_cse=_linen_cse(opts, call))
-    return store.unpack(lifted(module, *call.dynamic), None)
+    with classic_remat():
+        lifted = nn.checkpoint(region, policy=mark_region(opts.policy), prevent_cse=_linen_cse(opts, call))
+        return store.unpack(lifted(module, *call.dynamic), None)
 
 
 def linen_method(checkpointed: Callable[..., Any]) -> Callable[..., Any]:
@@ -243,8 +248,9 @@ def linen_call_children(
         return store.pack(body(mine, call.rebuild(dynamic)[0][0]), None)
 
     call = split_call((x,), {}, ())
-    lifted = nn.checkpoint(region, policy=mark_region(opts.policy), prevent_cse=_linen_cse(opts, call))
-    return store.unpack(lifted(parent, *call.dynamic), None)
+    with classic_remat():
+        lifted = nn.checkpoint(region, policy=mark_region(opts.policy), prevent_cse=_linen_cse(opts, call))
+        return store.unpack(lifted(parent, *call.dynamic), None)
 
 
 def _linen_cse(opts: CheckpointOptions, call: Any) -> bool:

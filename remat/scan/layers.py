@@ -9,7 +9,7 @@ from jax import lax
 
 from remat._core.checkpoint import rematerialized
 from remat._core.hooks import current
-from remat._core.lowering import mark_region
+from remat._core.lowering import classic_checkpoint, mark_region
 from remat.policies import resolve_policy
 from remat.scan.schedules import Schedule, _check_groups, _groups, _schedule_depth
 
@@ -102,13 +102,13 @@ def _run_schedule(schedule: Schedule, step: Callable, params: Any, x: Any, unrol
         if count == 1:
             # A lone child, checkpointed. Two things keep its recomputation in its own
             # backward step: prevent_cse=True keeps the barrier that ties it to its
-            # cotangent (see remat._xla_flags), and the cond (whose predicate XLA cannot
+            # cotangent (see remat._core.lowering), and the cond (whose predicate XLA cannot
             # fold; both branches are the child) scopes the buffers of the recomputed
             # scan to the branch. Without the cond, XLA:CPU allocates every child's
             # stacked layer inputs at the start of the program and keeps them all:
             # measured (9, 7) at depth 16: 23.5 layer inputs of temp memory against 15-17.
-            ck = jax.checkpoint(lambda h, p, child=child: _run_schedule(child, step, p, h, unroll),
-                                prevent_cse=True, policy=mark_region(None))
+            ck = classic_checkpoint(lambda h, p, child=child: _run_schedule(child, step, p, h, unroll),
+                                    prevent_cse=True, policy=mark_region(None))
             x, y = lax.cond(_opaque_true(), ck, ck, x, piece)
         else:
             x, y = _run_groups(child, count, step, piece, x, unroll)
@@ -127,7 +127,7 @@ def _run_groups(child: Schedule, count: int, step: Callable, params: Any, x: Any
     # The group keeps only its input ("nothing"): any policy that saved more would keep
     # per-layer values of every group and undo the sqrt(N) saving. Inside a scan XLA
     # cannot hoist the recomputation, so the barriers of prevent_cse=True would only cost.
-    x, y = lax.scan(jax.checkpoint(group, prevent_cse=False), x, grouped)
+    x, y = lax.scan(classic_checkpoint(group, prevent_cse=False), x, grouped)
     return x, jax.tree.map(lambda a: a.reshape(count * n, *a.shape[2:]), y)
 
 
