@@ -150,6 +150,9 @@ class RegionTable:
         except TypeError:  # not weakly referenceable (builtins): long-lived, held as it is
             return anchor
 
+    def __len__(self) -> int:
+        return sum(len(entry.variants) for entry in self._by_anchor.values())
+
     def count_scalar_variants(self, anchor: Any, function: Any, call: SplitCall) -> None:
         """Warns once per function when pass-through Python scalars have made many traces."""
         scalars = tuple((type(x), x) for x in call.static if is_python_scalar(x))
