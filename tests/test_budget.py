@@ -126,3 +126,38 @@ def test_knapsack_twenty_candidates_exact():
 def test_knapsack_beyond_the_exact_limit_is_greedy_and_feasible():
     picked, method = knapsack(list(range(1, 41)), [1.0] * 40, 50, exact_limit=24)
     assert method == "greedy" and sum(i + 1 for i in picked) <= 50
+
+
+def _key_noise(x):
+    return jnp.sin(x) * jax.random.normal(jax.random.key(0), x.shape)
+
+
+def _key_residual(x):  # a typed key computed from the input: a key<fry> residual
+    key = jax.random.fold_in(jax.random.key(0), (x.sum() > 0).astype(jnp.int32))
+    return jnp.sin(x) * jax.random.normal(key, x.shape)
+
+
+def _int4_and_bool(x):
+    mask = x > 0.5
+    q = (x * 3).astype(jnp.int4)
+    return jnp.where(mask, jnp.sin(x), jnp.cos(x)) * q.astype(jnp.float32)
+
+
+def _float0(x):  # an integer value inside the region: its cotangent is float0
+    n = (x * 4).astype(jnp.int32)
+    return jnp.sin(x) * n.astype(jnp.float32), n
+
+
+@pytest.mark.parametrize("fn", [_key_noise, _key_residual, _int4_and_bool, _float0])
+@pytest.mark.parametrize("policy", ["every name", "budget"])
+def test_every_policy_accepts_every_residual_dtype(fn, policy):
+    from remat._names import POLICY_NAMES
+
+    x = jnp.linspace(0.1, 1.0, 4)
+    loss = lambda f: lambda x: jax.tree.leaves(f(x))[0].sum()  # noqa: E731
+    want = jax.grad(loss(fn))(x)
+    chosen = list(POLICY_NAMES) + [["a"]] if policy == "every name" else [
+        remat.residual_budget(f) for f in (0.0, 0.5, 1.0)]
+    for p in chosen:
+        got = jax.grad(loss(lambda x, p=p: remat.checkpoint(fn, x, policy=p)))(x)
+        np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=str(p))

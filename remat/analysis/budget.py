@@ -37,10 +37,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from remat._core.hooks import RegionChooser
-from remat._core.residuals import format_bytes, saved_residuals
+from remat._core.residuals import aval_nbytes, format_bytes, itemsize, saved_residuals
 
 # Recompute-cost rates (FLOP/s for matmul-like work, bytes/s for memory-bound work);
 # calibrate() replaces them with figures measured on this machine.
@@ -289,17 +287,17 @@ def calibrate_once() -> dict[str, float]:
 
 def op_cost(primitive: str, avals: Sequence[Any], params: dict, out_bytes: int) -> float:
     """Estimated seconds to recompute one operation (the cost model of the knapsack)."""
-    in_bytes = sum(_nbytes(a) for a in avals)
+    in_bytes = sum(aval_nbytes(a) for a in avals)
     seconds = (in_bytes + out_bytes) / _RATES["bytes_per_s"]
     if primitive == "dot_general" and len(avals) >= 2:
         (lhs_contract, _), _ = params["dimension_numbers"]
         k = math.prod(avals[0].shape[d] for d in lhs_contract)
-        out_elems = out_bytes // max(np.dtype(avals[0].dtype).itemsize, 1)
+        out_elems = out_bytes // max(itemsize(avals[0].dtype), 1)
         seconds += 2 * out_elems * k / _RATES["flops_per_s"]
     elif primitive == "conv_general_dilated" and len(avals) >= 2:
         rhs = avals[1]
         groups = params.get("feature_group_count", 1) or 1
-        out_elems = out_bytes // max(np.dtype(avals[0].dtype).itemsize, 1)
+        out_elems = out_bytes // max(itemsize(avals[0].dtype), 1)
         kernel_elems = math.prod(rhs.shape)
         out_features = rhs.shape[params["dimension_numbers"].rhs_spec[0]] if params.get("dimension_numbers") else 1
         seconds += 2 * out_elems * kernel_elems / max(out_features * groups, 1) * groups / _RATES["flops_per_s"]
@@ -310,13 +308,6 @@ def op_cost(primitive: str, avals: Sequence[Any], params: dict, out_bytes: int) 
 
 def _everything(prim: Any, *avals: Any, **params: Any) -> bool:
     return True
-
-
-def _nbytes(aval: Any) -> int:
-    shape = getattr(aval, "shape", None)
-    if shape is None:
-        return 0
-    return math.prod(shape) * np.dtype(aval.dtype).itemsize
 
 
 def _shapes(inputs: Sequence[Any]) -> tuple:
@@ -345,9 +336,9 @@ def _out_bytes(prim: Any, avals: Sequence[Any], params: dict) -> int:
         out = prim.abstract_eval(*avals, **params)
         out = out[0] if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], (set, frozenset)) else out
         outs = out if prim.multiple_results else [out]
-        return sum(_nbytes(o) for o in outs)
+        return sum(aval_nbytes(o) for o in outs)
     except Exception:  # an unusual primitive: its largest input is a fair stand-in
-        return max((_nbytes(a) for a in avals), default=0)
+        return max((aval_nbytes(a) for a in avals), default=0)
 
 
 def _candidates(calls: list[tuple[tuple, Any, tuple, dict]]) -> list[Candidate]:
