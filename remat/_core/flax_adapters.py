@@ -194,6 +194,10 @@ def linen_call(function: Any, module: nn.Module, opts: CheckpointOptions, args: 
     call = split_call(call_args, kwargs, static, trace_scalars=opts.trace_scalars)
     store = OutputStore()
 
+    # Marked as its own handler (linen_method), so the lift runs no setup() on the copy: what
+    # the region calls (the module, its method, a submodule) sets the copy up when it needs
+    # to, as in nn.remat's lifted class, and a region inside a region sets it up only once.
+    @linen_method
     def region(mdl: nn.Module, *dynamic: Any) -> Any:
         a, k = call.rebuild(dynamic)
         if lifted_first_arg:
@@ -294,11 +298,14 @@ def linen_remat_class(cls: type[nn.Module], opts: CheckpointOptions, run: Callab
     opts = dataclasses.replace(opts, trace_scalars=True,
                                static_argnums=tuple(i - 1 for i in opts.static_argnums))
 
+    @linen_method
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return run(cls.__call__.__get__(self), opts, args, kwargs)
 
     # ``run`` (the one dispatch, remat._core.checkpoint._run) sees a bound method of a
     # Linen module and lifts it over the module's scope, applying the original
-    # (un-overridden) __call__ to the lifted copy.
+    # (un-overridden) __call__ to the lifted copy. As nn.remat's class does, this __call__
+    # escapes Linen's method handler (linen_method), so setup() runs once, inside the
+    # innermost region, however many times the class is checkpointed.
     return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
                                        "__qualname__": cls.__qualname__})
