@@ -29,7 +29,7 @@ from typing import Any
 
 from remat._core import flax_adapters as _flax
 from remat._core.arguments import OutputStore, SplitCall, is_python_scalar
-from remat._core.lowering import classic_checkpoint, in_classic_remat, mark_region
+from remat._core.lowering import classic_checkpoint, classic_remat, in_classic_remat, mark_region
 
 # A warning, once per function, when Python scalars passed through the call form have made
 # this many different traces.
@@ -92,8 +92,9 @@ class Region:
             self._callers.move_to_end(key)
             return found
         if nnx_mode is not None:
-            made = in_classic_remat(_flax.nnx_remat(self, policy=policy, prevent_cse=prevent_cse,
-                                                    in_place=nnx_mode == "in place"))
+            with classic_remat():  # nnx.remat builds its jax.checkpoint now
+                made = in_classic_remat(_flax.nnx_remat(self, policy=policy, prevent_cse=prevent_cse,
+                                                        in_place=nnx_mode == "in place"))
         else:
             made = classic_checkpoint(self, policy=mark_region(policy), prevent_cse=prevent_cse)
         if len(self._callers) >= _MAX_CALLERS:
