@@ -443,11 +443,11 @@ def test_cli_checkpoint_flags(capsys):
     from remat.cli import main
 
     assert main(["profile", "mlp", "--depth", "4", "--checkpoint", "Block", "--every", "2",
-                 "--policies", "none,nothing", "--steps", "1", "--json"]) == 0
+                 "--policies", "no_checkpoint,nothing", "--steps", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["regions"] == 2 and out["checkpoint"] == ["Block"]
     temp = {r["policy"]: r["temp_bytes"] for r in out["results"]}
-    assert set(temp) == {"none", "nothing"} and temp["nothing"] < temp["none"]
+    assert set(temp) == {"no_checkpoint", "nothing"} and temp["nothing"] < temp["no_checkpoint"]
     assert main(["train", "mlp", "--steps", "2", "--checkpoint", "Block", "--checkpoint-every", "2",
                  "--policy", "dots", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

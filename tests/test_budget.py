@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import remat
 from remat.analysis import saved_residuals
-from remat.analysis.budget import Budget, knapsack
+from remat.analysis.budget import ResidualBudget, knapsack
 
 
 def block(w, x):
@@ -94,7 +94,7 @@ def test_budget_outside_remat_checkpoint_says_how_to_use_it():
     # JAX's remat3 consults no callable policy at all, so the misuse can only be caught
     # where jax.checkpoint asks the policy: its checkpoint primitive
     with config.remat3(False), pytest.raises(TypeError, match="policy= of remat.checkpoint"):
-        jax.grad(lambda x: jax.checkpoint(jnp.sin, policy=Budget(0.5))(x).sum())(X)
+        jax.grad(lambda x: jax.checkpoint(jnp.sin, policy=ResidualBudget(0.5))(x).sum())(X)
 
 
 def _brute_force(weights, values, capacity):

@@ -173,7 +173,7 @@ def test_no_checkpoint_is_one_spelling_accepted_by_every_form():
     from remat.policies import NO_CHECKPOINT, POLICY_NAMES, is_no_checkpoint, resolve_policy
 
     assert POLICY_NAMES[0] == NO_CHECKPOINT and "nothing" in POLICY_NAMES
-    assert is_no_checkpoint(NO_CHECKPOINT) and is_no_checkpoint("none") and not is_no_checkpoint(None)
+    assert is_no_checkpoint(NO_CHECKPOINT) and not is_no_checkpoint("none") and not is_no_checkpoint(None)
     f = Counter(lambda x: jnp.sin(x) * 2.0)
     x = jnp.linspace(0.0, 1.0, 4)
     forms = {
@@ -315,11 +315,11 @@ def test_the_cache_holds_functions_weakly_as_jax_checkpoint_does():
             return jnp.sin(x) @ big
         return f
 
-    f = make()
-    jax.grad(lambda x: remat.checkpoint(f, x).sum())(jnp.ones((2, 64)))
+    functions = [make()]  # the only reference, so that dropping it can free the function
+    jax.grad(lambda x: remat.checkpoint(functions[0], x).sum())(jnp.ones((2, 64)))
     before = len(REGIONS)
-    alive = weakref.ref(f)
-    del f
+    alive = weakref.ref(functions[0])
+    functions.clear()
     gc.collect()
     assert alive() is None  # neither remat's table nor JAX's trace cache keeps it
     assert len(REGIONS) < before

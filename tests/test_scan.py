@@ -19,7 +19,7 @@ from remat.scan import (
 )
 
 POLICIES = [
-    pytest.param("none", id="none"),
+    pytest.param("no_checkpoint", id="no_checkpoint"),
     pytest.param(None, id="None"),
     pytest.param("nothing", id="nothing"),
     pytest.param("dots", id="dots"),

@@ -32,6 +32,7 @@ from remat.scan import (
     schedule_recomputes,
     stack_nnx_layers,
 )
+from remat.scan.schedules import _capacity
 
 SCHEDULES_8 = [
     pytest.param({"segments": (8,)}, id="(8,)", marks=pytest.mark.slow),
@@ -98,7 +99,7 @@ def test_binomial_schedule_values():
             p = schedule_peak(s)
             # least peak: the binomial capacity C(p + l, l + 1) reaches depth, C(p - 1 + l, l + 1) does not
             if lv:
-                assert S._capacity(p, lv) >= depth > S._capacity(p - 1, lv)
+                assert _capacity(p, lv) >= depth > _capacity(p - 1, lv)
     # sqrt(2N) with one level, never worse than the best equal split
     for depth in (16, 36, 64, 100):
         k = S.best_segments(depth)

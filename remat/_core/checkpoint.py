@@ -283,8 +283,8 @@ def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwa
     if linen_module is not None:
         if isinstance(opts.policy, RegionChooser):
             raise TypeError(
-                "policy=budget(...) works for JAX functions and Flax NNX modules; for a Linen "
-                "module pick a named policy (remat plan shows which one fits your budget)"
+                "policy=remat.residual_budget(...) works for JAX functions and Flax NNX modules; for a "
+                "Linen module pick a named policy (remat plan shows which one fits your memory)"
             )
         return _flax.linen_call(function, linen_module, opts, args, kwargs)
 

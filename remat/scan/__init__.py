@@ -75,7 +75,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from remat.scan.layers import resolve_policy_spec, scan_layers
+from remat.scan.layers import scan_layers
 from remat.scan.nnx import scan_nnx_layers, stack_nnx_layers
 from remat.scan.schedules import (
     Schedule,
@@ -84,14 +84,12 @@ from remat.scan.schedules import (
     schedule_peak,
     schedule_recomputes,
 )
-from remat.scan.schedules import _capacity as _capacity  # tests check the binomial bound with it
 
 __all__ = [
     "LinenScanLayers",
     "Schedule",
     "best_segments",
     "binomial_schedule",
-    "resolve_policy_spec",
     "scan_layers",
     "scan_nnx_layers",
     "schedule_peak",

@@ -10,14 +10,9 @@ from jax import lax
 from remat._core.checkpoint import rematerialized
 from remat._core.hooks import current
 from remat._core.lowering import classic_checkpoint, mark_region
-from remat.policies import resolve_policy
 from remat.scan.schedules import Schedule, _check_groups, _groups, _schedule_depth
 
-__all__ = ["resolve_policy_spec", "scan_layers"]
-
-
-#: The policy resolver of :mod:`remat.policies`, under the name this module gave it before.
-resolve_policy_spec = resolve_policy
+__all__ = ["scan_layers"]
 
 
 def _maybe_checkpoint(fn: Callable, policy: Any) -> Callable:
@@ -177,7 +172,7 @@ def scan_layers(
         shapes and dtypes the layer preserves.
       params: a pytree whose leaves all have the same leading axis N (the depth).
       x: the input of the first layer.
-      policy: checkpoint policy of each layer: ``"none"`` (no checkpoint), ``None`` or
+      policy: checkpoint policy of each layer: ``"no_checkpoint"``, ``None`` or
         ``"nothing"`` (keep only layer inputs), ``"dots"``, ``"dots_no_batch"``,
         ``"everything"``, a list of checkpoint names, or a callable JAX policy.
       segments: nest. An int ``k``: split the N layers into ``k`` equal groups (``k``

@@ -41,7 +41,7 @@ class LinenScanLayers(nn.Module):
       layer_cls: a Linen module class whose ``__call__(x)`` returns an ``x``-like value.
       depth: number of layers.
       layer_kwargs: constructor arguments of ``layer_cls``.
-      policy: per-layer checkpoint policy (as in :func:`scan_layers`; ``"none"``
+      policy: per-layer checkpoint policy (as in :func:`scan_layers`; ``"no_checkpoint"``
         disables per-layer checkpointing).
       segments: number of equal checkpointed groups (must divide ``depth``). Schedule
         tuples (unequal groups) are not supported here (a ValueError says so); use
