@@ -58,30 +58,30 @@ def test_nnx_gradients_equal_and_one_region_per_selected_module():
     model, plain, x = _mixer(), _mixer(), _x()
     before = _state_shapes(model)
     assert _regions(model, x) == 0
-    paths = remat.apply_checkpointing(model, MixerBlock)
-    assert paths == [("blocks", i) for i in range(DEPTH)]
+    assert remat.apply_checkpointing(model, MixerBlock) is model  # NNX: changed in place, and returned
+    paths = [("blocks", i) for i in range(DEPTH)]
     assert _state_shapes(model) == before  # the same nnx.state paths, shapes and dtypes
     assert _regions(model, x) == DEPTH
     loss, state = _pure_loss(model)
     plain_loss, plain_state = _pure_loss(plain)
     grads = jax.jit(jax.grad(loss))(state, x)
     assert_trees_close(grads, jax.jit(jax.grad(plain_loss))(plain_state, x), rtol=1e-6, atol=1e-7)
-    assert remat.checkpointed(model) == [(p, "nothing") for p in paths]
+    assert remat.checkpointed(model) == [(p, None) for p in paths]  # the policy as asked: remat's default
     assert isinstance(model.blocks[0], MixerBlock) and type(model.blocks[0]).__name__ == "MixerBlock"
 
 
 def test_nnx_idempotent_every_policy_and_reversible():
     model, x = _mixer(), _x()
-    first = remat.apply_checkpointing(model, MixerBlock)
-    cls = type(model.blocks[0])
-    assert remat.apply_checkpointing(model, MixerBlock) == first
+    remat.apply_checkpointing(model, MixerBlock)
+    first, cls = remat.checkpointed(model), type(model.blocks[0])
+    assert remat.apply_checkpointing(model, MixerBlock) is model and remat.checkpointed(model) == first
     assert type(model.blocks[0]) is cls and _regions(model, x) == DEPTH  # not wrapped twice
-    assert remat.apply_checkpointing(model, lambda path, m: isinstance(m, MixerBlock), policy="dots",
-                                     every=2) == [("blocks", 0), ("blocks", 2)]
-    assert remat.checkpointed(model) == [(("blocks", 0), "dots"), (("blocks", 1), "nothing"),
-                                         (("blocks", 2), "dots"), (("blocks", 3), "nothing")]
-    assert _regions(model, x) == DEPTH  # re-applying replaces a module's options, never nests
-    assert remat.remove_checkpointing(model) == [("blocks", i) for i in range(DEPTH)]
+    remat.apply_checkpointing(model, lambda path, m: isinstance(m, MixerBlock), policy="dots", every=2)
+    # re-applying replaces: layers 1 and 3 keep nothing of the first call
+    assert remat.checkpointed(model) == [(("blocks", 0), "dots"), (("blocks", 2), "dots")]
+    assert type(model.blocks[1]) is MixerBlock and type(model.blocks[3]) is MixerBlock
+    assert _regions(model, x) == DEPTH // 2  # and never nests
+    assert remat.remove_checkpointing(model) is model
     assert remat.checkpointed(model) == [] and type(model.blocks[0]) is MixerBlock
     assert _regions(model, x) == 0
 
@@ -98,11 +98,11 @@ def test_nnx_pickle_and_deepcopy_keep_the_checkpoints():
 def test_nnx_torch_style_check_fn_and_paths():
     model = _mixer()
     # torch's apply_activation_checkpointing passes only the module
-    assert remat.apply_checkpointing(model, lambda m: isinstance(m, nnx.Linear)) == [
+    remat.apply_checkpointing(model, lambda m: isinstance(m, nnx.Linear))
+    assert [p for p, _ in remat.checkpointed(model)] == [
         ("blocks", i, name) for i in range(DEPTH) for name in ("down", "up")] + [("inp",), ("out",)]
-    remat.remove_checkpointing(model)
-    assert remat.apply_checkpointing(model, lambda path, m: path[-1:] == ("up",)) == [
-        ("blocks", i, "up") for i in range(DEPTH)]
+    remat.apply_checkpointing(model, lambda path, m: path[-1:] == ("up",))
+    assert [p for p, _ in remat.checkpointed(model)] == [("blocks", i, "up") for i in range(DEPTH)]
 
 
 @pytest.mark.slow
@@ -137,7 +137,8 @@ def test_nnx_shared_module_and_split_merge():
             return self.again(self.block(self.inp(x))).sum(-1)
 
     model, plain, x = Twice(nnx.Rngs(0)), Twice(nnx.Rngs(0)), _x()
-    assert remat.apply_checkpointing(model, MixerBlock) == [("again",)]  # one module, listed once
+    remat.apply_checkpointing(model, MixerBlock)
+    assert remat.checkpointed(model) == [(("again",), None)]  # one module, listed once
     assert model.block is model.again and type(model.block) is type(model.again)
     assert _regions(model, x) == 2  # called twice: two regions
     loss, state = _pure_loss(model)
@@ -146,7 +147,7 @@ def test_nnx_shared_module_and_split_merge():
                        rtol=1e-6, atol=1e-7)
     graphdef, state = nnx.split(model)
     merged = nnx.merge(graphdef, state)
-    assert merged.block is merged.again and remat.checkpointed(merged) == [(("again",), "nothing")]
+    assert merged.block is merged.again and remat.checkpointed(merged) == [(("again",), None)]
 
 
 @pytest.mark.slow
@@ -179,7 +180,8 @@ def test_flax_attention_from_another_package():
                                        rngs=nnx.Rngs(0))
     plain = nnx.clone(attention)
     x = jnp.ones((2, 5, 16)) * jnp.arange(16) / 16
-    assert remat.apply_checkpointing(attention, nnx.LinearGeneral) == [("key",), ("out",), ("query",), ("value",)]
+    remat.apply_checkpointing(attention, nnx.LinearGeneral)
+    assert [p for p, _ in remat.checkpointed(attention)] == [("key",), ("out",), ("query",), ("value",)]
 
     def loss(m):
         return jnp.sum(m(x) ** 2)
@@ -202,7 +204,7 @@ def test_linen_gradients_equal_names_kept_and_one_region_per_block():
     checkpointed = remat.apply_checkpointing(model, LinenBlock)
     assert type(checkpointed).__name__ == "LinenMixer" and checkpointed.width == model.width
     assert jax.tree.structure(jax.eval_shape(checkpointed.init, jax.random.key(0), x)) == jax.tree.structure(params)
-    assert remat.checkpointed(checkpointed) == [((f"LinenBlock_{i}",), "nothing") for i in range(4)]
+    assert remat.checkpointed(checkpointed) == [((f"LinenBlock_{i}",), None) for i in range(4)]
     loss, plain_loss = _linen_loss(checkpointed), _linen_loss(model)
     # dropout on: the recomputation draws the same mask
     assert_trees_close(jax.jit(jax.grad(loss))(params, x), jax.jit(jax.grad(plain_loss))(params, x),
@@ -308,7 +310,7 @@ def test_linen_compiled_temp_memory_drops_as_much_as_hand_written():
 def test_no_match_warns_with_the_classes_seen_and_changes_nothing():
     model = _mixer()
     with pytest.warns(UserWarning, match="matched no submodule.*LayerNorm, Linear, List, Mixer, MixerBlock"):
-        assert remat.apply_checkpointing(model, nnx.Conv) == []
+        assert remat.apply_checkpointing(model, nnx.Conv) is model
     assert remat.checkpointed(model) == [] and type(model.blocks[0]) is MixerBlock
 
 
@@ -341,7 +343,7 @@ def test_a_module_without_call_is_refused_before_any_change():
     model = Outer(nnx.Rngs(0))
     with pytest.raises(TypeError) as e:
         remat.apply_checkpointing(model, (Holder, MixerBlock))
-    assert_clean_error(e, "Holder has no __call__")
+    assert_clean_error(e, "Holder defines no method to checkpoint")
     assert remat.checkpointed(model) == []
 
 

@@ -1,6 +1,6 @@
 """Flax adapters: NNX modules and methods through ``nnx.remat``, Linen through ``nn.checkpoint``.
 
-Options arrive validated (:class:`remat._core.checkpoint.CheckpointOptions`); nothing here
+Options arrive validated (:class:`remat._core.options.CheckpointOptions`); nothing here
 re-checks them. The lifted transforms carry module state and RNG streams into the
 region, which is why Dropout recomputes the very same mask on the backward pass.
 """
@@ -9,16 +9,14 @@ from __future__ import annotations
 import inspect
 import types
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import flax.linen as nn
 from flax import nnx
 
 from remat._core.arguments import OutputStore, is_nnx_node, split_call
 from remat._core.lowering import classic_remat, mark_region
-
-if TYPE_CHECKING:
-    from remat._core.checkpoint import CheckpointOptions
+from remat._core.options import CheckpointOptions
 
 __all__ = ["is_nnx_node"]
 
@@ -280,32 +278,3 @@ def _follow(module: nn.Module, path: tuple[str, int | None]) -> nn.Module:
     name, index = path
     value = getattr(module, name)
     return value if index is None else value[index]
-
-
-def linen_remat_class(cls: type[nn.Module], opts: CheckpointOptions, run: Callable[..., Any]) -> type[nn.Module]:
-    """``checkpoint(nn.Dense)``: a subclass whose ``__call__`` is one checkpointed region.
-
-    Unlike ``nn.remat(cls)`` (whose class is named ``CheckpointDense``, so auto-named
-    parameters move from ``Dense_0`` to ``CheckpointDense_0``), the class keeps its name
-    and so the parameter tree is unchanged; non-array call arguments pass through untraced.
-    """
-    import dataclasses
-
-    # static_argnums count self as position 0, as nn.remat's do; the bound __call__ does not
-    if 0 in opts.static_argnums:
-        raise ValueError(f"checkpoint({cls.__name__}, static_argnums=...): position 0 is self; "
-                         "the call arguments start at 1, as in nn.remat")
-    opts = dataclasses.replace(opts, trace_scalars=True,
-                               static_argnums=tuple(i - 1 for i in opts.static_argnums))
-
-    @linen_method
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return run(cls.__call__.__get__(self), opts, args, kwargs)
-
-    # ``run`` (the one dispatch, remat._core.checkpoint._run) sees a bound method of a
-    # Linen module and lifts it over the module's scope, applying the original
-    # (un-overridden) __call__ to the lifted copy. As nn.remat's class does, this __call__
-    # escapes Linen's method handler (linen_method), so setup() runs once, inside the
-    # innermost region, however many times the class is checkpointed.
-    return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
-                                       "__qualname__": cls.__qualname__})

@@ -128,7 +128,7 @@ def _apply_checkpoint_flags(task: Any, classes: list[str], every: int, policy: s
     """Checkpoints the task's modules of ``classes``; a class the model lacks is a usage error."""
     from flax import nnx
 
-    from remat import apply_checkpointing
+    from remat import apply_checkpointing, checkpointed
     from remat._names import is_no_checkpoint
     from remat.models import MODELS
 
@@ -150,5 +150,5 @@ def _apply_checkpoint_flags(task: Any, classes: list[str], every: int, policy: s
     else:
         spec, label = policy, policy or "nothing"
     wanted = set(classes)
-    paths = apply_checkpointing(task.model, lambda path, m: type(m).__name__ in wanted, policy=spec, every=every)
-    task.policy = f"{label} on {len(paths)} {'/'.join(classes)} (apply_checkpointing)"
+    apply_checkpointing(task.model, lambda path, m: type(m).__name__ in wanted, policy=spec, every=every)
+    task.policy = f"{label} on {len(checkpointed(task.model))} {'/'.join(classes)} (apply_checkpointing)"
