@@ -6,8 +6,10 @@ from Flax itself (``nn.MultiHeadDotProductAttention``, ``nnx.MultiHeadAttention`
 from __future__ import annotations
 
 import copy
+import functools
 import pickle
 import warnings
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -17,7 +19,16 @@ import optax
 import pytest
 from conftest import assert_clean_error, assert_trees_close, count_remat_eqns
 from flax import nnx
-from foreign_models import LinenBlock, LinenMixer, Mixer, MixerBlock
+from foreign_models import (
+    EncoderDecoder,
+    LinenBlock,
+    LinenEncoderDecoder,
+    LinenMixer,
+    LinenTiedLM,
+    Mixer,
+    MixerBlock,
+    TiedLM,
+)
 
 import remat
 from remat.analysis import compiled_memory
@@ -33,18 +44,18 @@ def _x(batch: int = BATCH) -> jax.Array:
     return jnp.asarray(np.random.default_rng(0).standard_normal((batch, 16)), jnp.float32)
 
 
-def _pure_loss(model: nnx.Module):
-    """``loss(state, x)`` of ``model`` split once: the graphdef carries the checkpointed classes."""
+def _pure_loss(model: nnx.Module, method: str = "__call__"):
+    """``loss(state, x)`` of ``model.method`` split once: the graphdef carries the checkpointed classes."""
     graphdef, state = nnx.split(model)
 
     def loss(state, x):
-        return jnp.mean(nnx.merge(graphdef, state)(x) ** 2)
+        return jnp.mean(getattr(nnx.merge(graphdef, state), method)(x) ** 2)
 
     return loss, state
 
 
-def _regions(model: nnx.Module, x: jax.Array) -> int:
-    loss, state = _pure_loss(model)
+def _regions(model: nnx.Module, x: jax.Array, method: str = "__call__") -> int:
+    loss, state = _pure_loss(model, method)
     return count_remat_eqns(jax.make_jaxpr(jax.grad(loss))(state, x))
 
 
@@ -242,6 +253,63 @@ def test_linen_attention_from_flax():
     assert sorted(p for p, _ in remat.checkpointed(checkpointed)) == [("key",), ("out",), ("query",), ("value",)]
 
 
+# --- every method of a selected module, whatever calls it ------------------------------
+
+def _linen_regions_and_grads(model: nn.Module, params, x, method: Any = None):
+    def loss(p):
+        return jnp.mean(model.apply(p, x, method=method) ** 2)
+    return count_remat_eqns(jax.make_jaxpr(jax.grad(loss))(params)), jax.jit(jax.grad(loss))(params)
+
+
+def test_nnx_entry_points_and_methods_other_than_call():
+    model, plain, x = EncoderDecoder(WIDTH, 2, rngs=nnx.Rngs(0)), EncoderDecoder(WIDTH, 2, rngs=nnx.Rngs(0)), _x()
+    remat.apply_checkpointing(model, MixerBlock)
+    assert _regions(model, x, "encode") == 2 and _regions(model, x) == 4
+    for method in ("encode", "__call__"):
+        loss, state = _pure_loss(model, method)
+        plain_loss, plain_state = _pure_loss(plain, method)
+        assert_trees_close(jax.grad(loss)(state, x), jax.grad(plain_loss)(plain_state, x), rtol=1e-6, atol=1e-7)
+    # the root selected: its __call__ is one region, and encode/decode run inside it as they are
+    remat.apply_checkpointing(model, lambda path, m: path == ())
+    assert _regions(model, x) == 1 and _regions(model, x, "encode") == 1
+    # a selected module's other methods are regions too: nnx.Embed's lookup and its attend
+    lm, plain_lm = TiedLM(32, WIDTH, rngs=nnx.Rngs(0)), TiedLM(32, WIDTH, rngs=nnx.Rngs(0))
+    remat.apply_checkpointing(lm, nnx.Embed)
+    ids = jnp.arange(6).reshape(2, 3)
+    assert _regions(lm, ids) == 2 and remat.checkpointed(lm) == [(("embed",), None)]
+    (loss, state), (plain_loss, plain_state) = _pure_loss(lm), _pure_loss(plain_lm)
+    assert_trees_close(jax.grad(loss)(state, ids), jax.grad(plain_loss)(plain_state, ids), rtol=1e-6, atol=1e-7)
+
+
+def test_linen_entry_points_and_methods_other_than_call():
+    plain, x = LinenEncoderDecoder(width=WIDTH), _x()
+    params = jax.jit(plain.init)(jax.random.key(0), x)
+    model = remat.apply_checkpointing(plain, LinenBlock)
+    for method, regions in (("encode", 2), (None, 4), (lambda m, x: m.decode(m.encode(x)), 4)):
+        n, grads = _linen_regions_and_grads(model, params, x, method)
+        assert n == regions, method
+        assert_trees_close(grads, _linen_regions_and_grads(plain, params, x, method)[1], rtol=1e-6, atol=1e-7)
+    model.apply(params, x, method="encode")
+    assert remat.checkpointed(model) == [(("encoder_0",), None), (("encoder_1",), None)]
+    # the root selected: whichever entry point, one region, its own methods running inside it
+    root = remat.apply_checkpointing(plain, lambda path, m: path == ())
+    assert [_linen_regions_and_grads(root, params, x, m)[0] for m in ("encode", None)] == [1, 1]
+    # a selected module's other methods are regions too: nn.Embed's lookup and its attend
+    lm, ids = LinenTiedLM(), jnp.arange(6).reshape(2, 3)
+    lm_params = jax.jit(lm.init)(jax.random.key(0), ids)
+    applied = remat.apply_checkpointing(lm, nn.Embed, policy="dots")
+    n, grads = _linen_regions_and_grads(applied, lm_params, ids)
+    assert n == 2 and remat.checkpointed(applied) == [(("Embed_0",), "dots")]
+    assert_trees_close(grads, _linen_regions_and_grads(lm, lm_params, ids)[1], rtol=1e-6, atol=1e-7)
+
+
+def test_checkpointed_lists_the_policy_as_asked():
+    model = _mixer()
+    for policy in (None, "nothing", "dots", ["a", "b"]):
+        remat.apply_checkpointing(model, MixerBlock, policy=policy)
+        assert remat.checkpointed(model) == [(("blocks", i), policy) for i in range(DEPTH)]
+
+
 # --- memory ----------------------------------------------------------------------------
 
 class HandWrittenMixer(Mixer):
@@ -316,6 +384,13 @@ def test_no_match_warns_with_the_classes_seen_and_changes_nothing():
 
 @pytest.mark.parametrize("call, fragments", [
     (lambda m: remat.apply_checkpointing(lambda x: x, MixerBlock), ["NNX module", "remat.checkpoint"]),
+    # how Flax's ImageNet example exports ResNet18 = partial(ResNet, ...): the fix is to build the model
+    (lambda m: remat.apply_checkpointing(functools.partial(LinenMixer, depth=2), LinenBlock),
+     ["functools.partial(LinenMixer, ...)", "build the Linen module first"]),
+    (lambda m: remat.apply_checkpointing(functools.partial(Mixer, 16), MixerBlock),
+     ["functools.partial(Mixer, ...)", "build the NNX module first"]),
+    (lambda m: remat.apply_checkpointing(Mixer, MixerBlock), ["the NNX class Mixer", "build the model first"]),
+    (lambda m: remat.apply_checkpointing({"params": 1}, MixerBlock), ["got dict"]),
     (lambda m: remat.apply_checkpointing(m, MixerBlock, every=0), ["every=0", ">= 1"]),
     (lambda m: remat.apply_checkpointing(m, MixerBlock, policy="dots_no_batches"), ["dots_no_batches"]),
     (lambda m: remat.apply_checkpointing(m, "MixerBlock"), ["check_fn", "class"]),
