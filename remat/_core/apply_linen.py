@@ -80,7 +80,7 @@ def apply(model: Any, select: Selector, applied: Applied, every: int) -> Any:
     if not entries:
         raise TypeError(f"apply_checkpointing: the Linen module {base.__name__} has no method to call")
     selection = _Selection(select, applied, every)
-    namespace = {name: _entry(selection, getattr(base, name)) for name in entries}
+    namespace: dict[str, Any] = {name: _entry(selection, getattr(base, name)) for name in entries}
     namespace.update({"__module__": base.__module__, "__qualname__": base.__qualname__, "__doc__": base.__doc__,
                       "_remat_base": base, "_remat_selection": selection})
     cls = type(base.__name__, (base,), namespace)
@@ -130,7 +130,7 @@ def _intercept(selection: _Selection, trace: _Trace, next_fun: Callable[..., Any
     if not trace.chosen[path]:
         return next_fun(*args, **kwargs)
     method = getattr(module, context.method_name, None)
-    if getattr(method, "__self__", None) is not module:  # a method stored under a name not its own
+    if method is None or getattr(method, "__self__", None) is not module:  # stored under a name not its own
         warnings.warn(f"apply_checkpointing: {type(module).__name__}.{context.method_name} is not found under its "
                       "own name, so it runs without checkpoint", UserWarning, stacklevel=2)
         return next_fun(*args, **kwargs)

@@ -30,7 +30,8 @@ def modules(model: nnx.Module) -> list[tuple[Path, nnx.Module]]:
 
 def checkpointed(model: nnx.Module) -> list[tuple[Path, Any]]:
     """``(path, policy as asked)`` of each checkpointed module, in iter_graph order."""
-    return [(path, type(m)._remat_applied.policy) for path, m in modules(model) if "_remat_base" in type(m).__dict__]
+    return [(path, vars(type(m))["_remat_applied"].policy) for path, m in modules(model)
+            if "_remat_base" in vars(type(m))]
 
 
 def remove(model: nnx.Module) -> None:
@@ -90,7 +91,7 @@ def _nnx_class(base: type, applied: Applied, path: Path) -> type:
         new, args, *rest = super(cls, self).__reduce_ex__(protocol)
         return (_unpickle, (new, (base, *args[1:]), applied, path), *rest)
 
-    namespace = {name: region_method(getattr(base, name)) for name in region_methods(base, nnx.Module)}
+    namespace: dict[str, Any] = {name: region_method(getattr(base, name)) for name in region_methods(base, nnx.Module)}
     namespace.update({"__reduce_ex__": __reduce_ex__, "__module__": base.__module__, "__qualname__": base.__qualname__,
                       "__doc__": base.__doc__, "_remat_base": base, "_remat_applied": applied})
     cls = type(base.__name__, (base,), namespace, pytree=base._pytree__is_pytree)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import flax.linen as nn
 from flax import nnx
@@ -133,7 +133,7 @@ def nnx_in_place(nodes: Sequence[Any]) -> bool:
 
 # --- Linen -----------------------------------------------------------------------------
 
-def is_linen_class(obj: Any) -> bool:
+def is_linen_class(obj: Any) -> TypeGuard[type[nn.Module]]:
     return isinstance(obj, type) and issubclass(obj, nn.Module)
 
 
