@@ -305,7 +305,7 @@ def test_linen_entry_points_and_methods_other_than_call():
 
 def test_checkpointed_lists_the_policy_as_asked():
     model = _mixer()
-    for policy in (None, "nothing", "dots", ["a", "b"]):
+    for policy in (None, "nothing", "dots", ["a", "b"], ("a", "b")):
         remat.apply_checkpointing(model, MixerBlock, policy=policy)
         assert remat.checkpointed(model) == [(("blocks", i), policy) for i in range(DEPTH)]
 

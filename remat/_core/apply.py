@@ -178,9 +178,9 @@ def _not_a_model(model: Any) -> str:
 
 
 def _options_key(policy: Any, kwargs: dict[str, Any]) -> Any:
-    """A hashable key of the options as spelled (lists become tuples), or None when unhashable."""
-    def frozen(v: Any) -> Any:
-        return tuple(frozen(x) for x in v) if isinstance(v, (list, tuple)) else v
+    """A hashable key of the options as spelled, or None when unhashable."""
+    def frozen(v: Any) -> Any:  # a list as (list, items): checkpointed() shows the spelling asked for
+        return (type(v), tuple(frozen(x) for x in v)) if isinstance(v, (list, tuple)) else v
 
     key = (frozen(policy), tuple(sorted((k, frozen(v)) for k, v in kwargs.items())))
     try:

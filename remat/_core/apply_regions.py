@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -55,9 +54,15 @@ def region_methods(base: type, framework: type) -> list[str]:
         if klass in framework.__mro__:
             continue
         names += [name for name, attr in vars(klass).items()
-                  if name not in names and is_region_method(name) and inspect.isfunction(attr)
-                  and not getattr(attr, "nowrap", False)]
+                  if name not in names and is_region_method(name) and _is_method(attr)]
     return names
+
+
+def _is_method(attr: Any) -> bool:
+    """Whether a class attribute binds ``self`` when called through an instance (a function, a
+    jitted function, ...), and is not marked ``nn.nowrap``."""
+    return (callable(attr) and hasattr(attr, "__get__") and not getattr(attr, "nowrap", False)
+            and not isinstance(attr, (staticmethod, classmethod, type)))
 
 
 def no_match_warning(seen: set[str], stacklevel: int) -> None:
