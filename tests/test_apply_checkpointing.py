@@ -460,7 +460,7 @@ def test_plan_redecides_applied_regions_as_hand_written_ones_and_picks_modules()
     assert planned.num_regions == by_hand.num_regions == DEPTH
     assert {c.label: c.temp_bytes for c in planned.candidates} == {c.label: c.temp_bytes for c in by_hand.candidates}
     labels = {c.label for c in planned.candidates}
-    assert {"all: nothing", "all: dots", "all: budget(0.5)"} <= labels  # a policy or a budget per module
+    assert {"all: nothing", "all: dots", "all: residual_budget(0.5)"} <= labels  # a policy or a budget per module
     assert any(label.startswith("first ") for label in labels)  # which modules: some left unchecked
     # the chosen plan, module by module
     choice = dict(zip(region_paths(loss, state, x), planned.chosen.policies))
