@@ -162,7 +162,7 @@ XLA_CPU_HOISTS = ("XLA:CPU deletes opt-barrier before scheduling, so jax.checkpo
 
 
 @pytest.mark.slow  # measures the table again, for an expected failure
-@pytest.mark.xfail(strict=False, reason=XLA_CPU_HOISTS)
+@pytest.mark.xfail(strict=True, reason=XLA_CPU_HOISTS)  # a fix upstream fails it: then drop the mark
 def test_canary_jax_checkpoint_saves_memory_on_xla_cpu():
     """Passes the day XLA keeps jax.checkpoint's barrier on CPU; until then an expected failure."""
     for row in xla_cpu.measure(xla_cpu.MODELS[1:]):

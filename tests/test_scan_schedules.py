@@ -149,7 +149,7 @@ def test_bad_schedules_are_one_line_value_errors():
 # "nothing" on a 3-level schedule (unequal children, lone layers) in the fast suite; the
 # other forms and policies with the slow cases
 @pytest.mark.parametrize("policy", ["nothing", pytest.param("dots", marks=pytest.mark.slow),
-                                    pytest.param("none", marks=pytest.mark.slow)])
+                                    pytest.param("no_checkpoint", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("nesting", SCHEDULES_8)
 def test_schedule_gradients_equal_unrolled(policy, nesting):
     assert_scan_matches_unrolled(8, policy, nesting)

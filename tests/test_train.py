@@ -83,7 +83,7 @@ def test_transformer_and_cnn_learn(capsys, model):
 @pytest.mark.slow
 def test_policies_change_memory_not_losses(capsys, mlp_run):
     ref = mlp_run["losses"][:6]
-    for policy in ("none", "dots", "names"):
+    for policy in ("no_checkpoint", "dots", "names"):
         d = train(capsys, "mlp", "--steps", "6", "--policy", policy, *TINY["mlp"])
         np.testing.assert_allclose(d["losses"], ref, rtol=1e-5, err_msg=policy)
 
