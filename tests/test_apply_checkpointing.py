@@ -332,7 +332,7 @@ def _temp_bytes(model: nnx.Module, x: jax.Array) -> int:
 
 @pytest.mark.slow
 def test_compiled_temp_memory_drops_as_much_as_hand_written():
-    """README: ``python -m pytest tests/test_apply_checkpointing.py -k compiled_temp -s -q`` prints the numbers."""
+    """The table of docs/apply_checkpointing.md; with ``-m slow -k compiled_temp -s`` it prints the numbers."""
     w, d, b = MEMORY_SIZES["width"], MEMORY_SIZES["depth"], MEMORY_SIZES["batch"]
     x = _x(b)
     plain = _mixer(width=w, depth=d)

@@ -146,7 +146,7 @@ def test_lowering_under_vmap_and_higher_order_ad():
 
 
 def test_remat_saves_memory_in_unrolled_models():
-    """The README's XLA:CPU table: per-block remat.checkpoint saves most of the temp memory."""
+    """docs/design.md's XLA:CPU table: per-block remat.checkpoint saves most of the temp memory."""
     for row in xla_cpu.measure(xla_cpu.MODELS[1:]):
         assert row["remat.checkpoint"] < 0.3 * row["no checkpoint"], row  # measured 0.17 and 0.28
 
@@ -158,7 +158,7 @@ def test_transformer_row_of_the_xla_table():
 
 
 XLA_CPU_HOISTS = ("XLA:CPU deletes opt-barrier before scheduling, so jax.checkpoint's recomputation is "
-                  "hoisted into the forward pass (README, 'For XLA upstream', finding 1; not yet reported)")
+                  "hoisted into the forward pass (docs/design.md, 'For XLA upstream', finding 1; not yet reported)")
 
 
 @pytest.mark.slow  # measures the table again, for an expected failure
@@ -289,7 +289,7 @@ def test_regions_are_the_checkpoint_primitive_under_remat3():
 
 @pytest.mark.slow
 def test_benchmark_transformer_16_blocks_per_block_nothing_keeps_a_fifth():
-    """The README's headline figure (about 0.11), also when JAX_REMAT3=1 is set (CI's remat3 leg)."""
+    """docs/design.md's headline figure (about 0.11), also when JAX_REMAT3=1 is set (CI's remat3 leg)."""
     from benchmarks import cases, jax_programs
 
     built = cases.build("transformer", 16, cases.SIZES["quick"])

@@ -300,7 +300,7 @@ def _torch_model(torch, sizes, seed=0):
     return torch.nn.Sequential(*mods)
 
 
-FAST_PARITY = {(False, 2)}  # one mechanism for both modes (README); the other cases slow
+FAST_PARITY = {(False, 2)}  # one mechanism for both modes (docs/pytorch.md); the other cases slow
 
 
 @pytest.mark.parametrize("use_reentrant,segments", [

@@ -51,7 +51,7 @@ Memory, for a depth-N stack with activations of size ``A`` per layer input:
   the start), for a few input-sized copies per child. Where the layer inputs are
   large next to the parameters, each level lowers compiled temp memory further
   (``tests/test_scan_schedules.py`` checks flat > equal groups > ``levels=1`` >
-  ``levels=2`` at depth 32; the README lists the figures).
+  ``levels=2`` at depth 32; docs/memory.md lists the figures).
 
   Unequal children cut the stacked parameters with ``lax.split``, whose backward
   concatenates the children's parameter gradients: a temp buffer about the size of the
