@@ -304,7 +304,7 @@ def test_compiled_bytes_order_nothing_dots_none_after_import_remat():
 def test_profile_cli_handles_batchnorm_models(capsys):
     from remat.cli import main
 
-    rc = main(["profile", "cnn", "--depth", "2", "--width", "4", "--steps", "1", "--policies", "none,nothing",
+    rc = main(["profile", "cnn", "--depth", "2", "--width", "4", "--steps", "1", "--policies", "no_checkpoint,nothing",
                "--json"])
     assert rc == 0, capsys.readouterr().err
     none, nothing = json.loads(capsys.readouterr().out)["results"]

@@ -49,7 +49,7 @@ def test_plan_fits_or_says_why_and_gradients_match():
     assert p.feasible and p.chosen.temp_bytes <= p.limit_bytes
     assert p.chosen.measured_ms == min(c.measured_ms for c in p.candidates if c.fits)
     labels = {c.label for c in p.candidates}
-    assert {"no checkpoint", "all: nothing", "all: dots", "all: budget(0.5)"} <= labels
+    assert {"no checkpoint", "all: nothing", "all: dots", "all: residual_budget(0.5)"} <= labels
     g = jax.grad(lambda ws: p.apply(loss)(ws, X))(WS)
     g0 = jax.grad(lambda ws: loss(ws, X))(WS)
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g0)):
