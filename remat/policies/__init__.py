@@ -38,11 +38,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Union
 
 from jax import checkpoint_policies as _jcp
-from jax._src.ad_checkpoint import name_p as _name_p
 from jax.ad_checkpoint import Recompute
-from jax.extend.core import Primitive
 
-from remat import _names
+from remat import _jax, _names
 
 Policy = Callable[..., Any]
 PolicySpec = Union[None, str, Sequence[str], Policy]
@@ -144,7 +142,7 @@ def save_all_but(*names: str) -> Policy:
     excluded = frozenset(_names(names, "save_all_but"))
 
     def policy(prim, *_, **params):
-        if prim is _name_p:
+        if _jax.is_name_primitive(prim):
             return params["name"] not in excluded
         return True
 
@@ -239,7 +237,7 @@ TORCH_OP_ALIASES: dict[str, tuple[str, ...]] = {
 
 def _op_names(op: Any) -> tuple[str, ...]:
     """Primitive names for a JAX primitive, a primitive name, or a PyTorch op (name or object)."""
-    if isinstance(op, Primitive):
+    if _jax.is_primitive(op):
         return (op.name,)
     # torch.ops.aten.mm / .default carry their operator's name; strings and others are parsed
     name = getattr(op, "_opname", None)
