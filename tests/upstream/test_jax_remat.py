@@ -403,7 +403,7 @@ def test_remat_higher_order_ad_preserves_remat_primitive(f):
     assert_all_close(api.grad(api.grad(g))(0.3),
                      api.grad(api.grad(f))(0.3), check_dtypes=False)
     jaxpr_text = str(jax.make_jaxpr(api.grad(api.grad(g)))(0.3))
-    needle = 'RematTraced' if getattr(config, "remat3", None) and config.remat3.value else 'remat2'
+    needle = 'RematTraced' if hasattr(config, "remat3") and config.remat3.value else 'remat2'
     assert needle in jaxpr_text
 
 
