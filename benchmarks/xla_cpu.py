@@ -2,8 +2,8 @@
 
 Three unrolled models, each compiled as ``jit(grad(loss))`` three ways: no checkpoint,
 ``jax.checkpoint`` per block, and ``remat.checkpoint`` per block. Prints the compiled
-temp bytes (``memory_analysis().temp_size_in_bytes``) as a Markdown table; the README's
-XLA:CPU table is this output.
+temp bytes (``memory_analysis().temp_size_in_bytes``) as a Markdown table; the XLA:CPU table
+of docs/design.md is this output.
 """
 from __future__ import annotations
 

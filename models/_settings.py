@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 import remat
-from remat.analysis.budget import Budget
+from remat.analysis.budget import ResidualBudget
 from remat.policies import NAMED_POLICIES, is_no_checkpoint
 
 BlocksSpec = Union[str, Iterable[int]]
@@ -66,7 +66,7 @@ class RematSettings:
             if policy != NAMES and policy not in NAMED_POLICIES:
                 valid = ", ".join(map(repr, [*NAMED_POLICIES, NAMES]))
                 raise ValueError(f"RematSettings(policy={policy!r}): use one of {valid}, None or a list of names")
-        elif isinstance(policy, Budget):
+        elif isinstance(policy, ResidualBudget):
             pass  # a memory budget: remat.checkpoint chooses per block; torch checkpoints fully
         elif policy is not None:
             if callable(policy):
@@ -105,7 +105,8 @@ class RematSettings:
         if self.blocks == "none":
             return "no checkpoint"
         where = "all blocks" if self.blocks == "all" else "blocks " + ",".join(map(str, sorted(self.blocks)))
-        pol = self.policy if self.policy is None or isinstance(self.policy, (str, Budget)) else list(self.policy)
+        keep_as_is = self.policy is None or isinstance(self.policy, (str, ResidualBudget))
+        pol = self.policy if keep_as_is else list(self.policy)
         return f"{where}, policy={pol or 'nothing'}"
 
 

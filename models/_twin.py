@@ -65,11 +65,12 @@ def apply_checkpointing_pair(jax_model: nnx.Module, torch_model: Any, check_fn: 
     names = dict(torch_model.named_modules())
     # the twin is checked before the NNX model is touched
     would = remat.apply_checkpointing(nnx.clone(jax_model), check_fn, every=every, **checkpoint_kwargs)
-    missing = [p for p in would if _torch_path(p) not in names or not p]
+    missing = [p for p, _ in remat.checkpointed(would) if _torch_path(p) not in names or not p]
     if missing:
         raise ValueError(f"the PyTorch twin has no submodule {_torch_path(missing[0]) or '(the root)'} to wrap; "
                          "the twins' attribute names must match")
-    paths = remat.apply_checkpointing(jax_model, check_fn, every=every, **checkpoint_kwargs)
+    remat.apply_checkpointing(jax_model, check_fn, every=every, **checkpoint_kwargs)
+    paths = [p for p, _ in remat.checkpointed(jax_model)]
     apply_torch_checkpointing(torch_model, paths)
     return paths
 

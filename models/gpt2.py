@@ -56,7 +56,7 @@ def TRAINING_EXCLUDE(name: str) -> bool:  # noqa: N802  (a constant of the regis
 
 #: float32 under Adam: besides the key bias, any gradient element that is near zero by chance
 #: (seed 0: one of ``h.1.ln_2.bias`` at 1.8e-8, against ~1e-3 for the rest) turns rounding noise
-#: into a step; the worst such row measured is 2.1e-3 (README).
+#: into a step; the worst such row measured is 2.1e-3 (docs/crosscheck.md).
 TRAINING_TOLERANCES: dict[str, tuple[float, float]] = {"float32": (5e-3, 1e-5)}
 
 

@@ -15,7 +15,7 @@ The rotary tables, the RMSNorm statistics and the softmax are computed in the mo
 dtype. HuggingFace computes the rotary tables and RMSNorm in float32 whatever the model's
 dtype (and the softmax too with ``attn_implementation="eager"``; the twin keeps the default
 ``"sdpa"``), so a float64 check against the stock model cannot get below float32's
-rounding (:data:`TOLERANCES`; the README names the exact lines and the floor measured).
+rounding (:data:`TOLERANCES`; docs/crosscheck.md names the exact lines and the floor measured).
 
 Needs ``transformers`` for the twin only (``pip install 'remat[hf]'``); the NNX model
 needs nothing beyond JAX and Flax.
@@ -45,12 +45,12 @@ CHECKPOINT_NAMES = ("attn_out", "mlp_hidden")
 
 #: ``dtype -> (rtol, atol)`` against the stock twin where the library's defaults are too tight.
 #: float64: HuggingFace's rotary tables and RMSNorm run in float32, so the gradients agree to
-#: a few float32 ulps (the worst measured: README) and no better.
+#: a few float32 ulps (the worst measured: docs/crosscheck.md) and no better.
 TOLERANCES = {"float64": (1e-6, 1e-12)}
 
 #: The training comparison: Adam divides each gradient by its own running size, so rounding
 #: (float32's, and in float64 the islands') becomes a relative error of the step itself; the
-#: worst measured over 3 AdamW steps (README) sits at float32's library default, 1e-3.
+#: worst measured over 3 AdamW steps (docs/crosscheck.md) sits at float32's library default, 1e-3.
 TRAINING_TOLERANCES: dict[str, tuple[float, float]] = {"float32": (3e-3, 1e-5), "float64": (3e-4, 1e-12)}
 TRAINING_EXCLUDE = None  # no parameter has a gradient that is zero in theory
 

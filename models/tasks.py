@@ -112,23 +112,23 @@ def cross_entropy(out: Any, inputs: tuple, targets: Any) -> Any:
     return optax.softmax_cross_entropy_with_integer_labels(out, targets).mean()
 
 
-def remat_settings(policy: str | None = None, budget: float | None = None) -> tuple[RematSettings, str]:
+def remat_settings(policy: str | None = None, residual_budget: float | None = None) -> tuple[RematSettings, str]:
     """:class:`RematSettings` for every block from a policy name or a budget, and a label for reports.
 
     Args:
       policy: ``None`` or ``"nothing"`` (save only the block inputs, as
         ``torch.utils.checkpoint``), ``"no_checkpoint"`` (or ``"none"``: no checkpoint), or another named policy.
-      budget: instead of ``policy``: keep at most this fraction of the activations
+      residual_budget: instead of ``policy``: keep at most this fraction of the activations
         (:func:`remat.residual_budget`).
     """
-    if budget is not None:
-        from remat.analysis.budget import budget as residual_budget
+    if residual_budget is not None:
+        from remat.analysis.budget import residual_budget as make_budget
 
         try:
-            settings = RematSettings(policy=residual_budget(budget))
+            settings = RematSettings(policy=make_budget(residual_budget))
         except (TypeError, ValueError) as e:
-            raise TaskError(f"budget {budget}: {e}", ["budget"]) from None
-        return settings, f"budget({budget})"
+            raise TaskError(f"residual budget {residual_budget}: {e}", ["residual_budget"]) from None
+        return settings, f"residual_budget({residual_budget})"
     if is_no_checkpoint(policy):
         return RematSettings.none(), f"{policy} (no checkpoint)"
     try:
@@ -178,14 +178,14 @@ def _size_overrides(entry: ModelEntry, depth: int | None, width: int | None) -> 
     raise TaskError(f"depth and width do not apply to {entry.name} (its sizes are fixed)", ["depth", "width"])
 
 
-def builtin_task(name: str, *, seed: int = 0, policy: str | None = None, budget: float | None = None,
+def builtin_task(name: str, *, seed: int = 0, policy: str | None = None, residual_budget: float | None = None,
                  depth: int | None = None, width: int | None = None, seq_len: int | None = None,
                  batch_size: int | None = None) -> Task:
     """The task of :data:`remat.models.MODELS` ``[name]``; see :func:`make_task` for the arguments."""
     entry = MODELS[name]
     if entry.module is None or entry.task is None:
         raise TaskError(f"{name} has no training task (its registry entry names no module or task)")
-    settings, label = remat_settings(policy, budget)
+    settings, label = remat_settings(policy, residual_budget)
     batch = batch_size or entry.train_batch
     overrides: dict[str, Any] = {"batch": batch}
     if seq_len is not None and "seq_len" not in {f.name for f in dataclasses.fields(entry.config)}:
@@ -275,7 +275,7 @@ def factory_task(spec: str, *, seed: int = 0) -> Task:
                 {"model": spec, "inputs": [[*a.shape, str(a.dtype)] for a in arrays]}, "as built")
 
 
-def make_task(model: str, *, seed: int = 0, policy: str | None = None, budget: float | None = None,
+def make_task(model: str, *, seed: int = 0, policy: str | None = None, residual_budget: float | None = None,
               depth: int | None = None, width: int | None = None, seq_len: int | None = None,
               batch_size: int | None = None) -> Task:
     """The training task of a built-in model or a factory.
@@ -285,7 +285,7 @@ def make_task(model: str, *, seed: int = 0, policy: str | None = None, budget: f
       seed: seeds the initialisation and the data order.
       policy: the remat policy of every block (see :func:`remat_settings`; default
         ``"nothing"``, as ``torch.utils.checkpoint``).
-      budget: instead of ``policy``, the fraction of activations to keep.
+      residual_budget: instead of ``policy``, the fraction of activations to keep.
       depth: number of blocks (the CNN: conv blocks).
       width: block width (the CNN: the first conv's channels, doubled per block).
       seq_len: the transformer's context length (default 32).
@@ -302,9 +302,9 @@ def make_task(model: str, *, seed: int = 0, policy: str | None = None, budget: f
         if value is not None and value < 1:
             raise TaskError(f"{key} must be at least 1, got {value}", [key])
     if model in MODELS:
-        return builtin_task(model, seed=seed, policy=policy, budget=budget, **sizes)
+        return builtin_task(model, seed=seed, policy=policy, residual_budget=residual_budget, **sizes)
     if is_factory_spec(model):
-        for key, value in {"policy": policy, "budget": budget, **sizes}.items():
+        for key, value in {"policy": policy, "residual_budget": residual_budget, **sizes}.items():
             if value is not None:
                 raise TaskError(f"{key} does not apply to a factory: its model trains as built, on its example "
                                 "inputs", [key])

@@ -35,7 +35,6 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "CheckpointPolicy": ("remat.policies", "CheckpointPolicy"),
     "policies": ("remat.policies", None),
     "analysis": ("remat.analysis", None),
-    "memory": ("remat.memory", None),
     "scan": ("remat.scan", None),
     "ops": ("remat.ops", None),
     "saved_residuals": ("remat.analysis", "saved_residuals"),
@@ -47,7 +46,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "scan_nnx_layers": ("remat.scan", "scan_nnx_layers"),
     "plan": ("remat.planner", "plan"),
     "keep_freed_memory": ("remat.analysis.allocator", "keep_freed_memory"),
-    "residual_budget": ("remat.analysis.budget", "budget"),
+    "residual_budget": ("remat.analysis.budget", "residual_budget"),
 }
 
 __all__ = sorted(_EXPORTS)
@@ -55,10 +54,10 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     # For type checkers and IDEs: ``name as name`` marks each import as a re-export
     # (``__all__`` is computed, so they cannot read it); at run time __getattr__ loads them.
+    # tests/test_layout.py checks that this list and _EXPORTS name the same objects.
     from jax.ad_checkpoint import checkpoint_name as checkpoint_name
 
     from remat import analysis as analysis
-    from remat import memory as memory
     from remat import ops as ops
     from remat import policies as policies
     from remat import scan as scan
@@ -72,7 +71,7 @@ if TYPE_CHECKING:
     from remat.analysis import peak_rss_bytes as peak_rss_bytes
     from remat.analysis import saved_residuals as saved_residuals
     from remat.analysis.allocator import keep_freed_memory as keep_freed_memory
-    from remat.analysis.budget import budget as residual_budget  # noqa: F401  (exported lazily)
+    from remat.analysis.budget import residual_budget as residual_budget
     from remat.planner import plan as plan
     from remat.policies import CheckpointPolicy as CheckpointPolicy
     from remat.scan import scan_layers as scan_layers

@@ -109,6 +109,13 @@ def has_ordered_effects(jaxpr: Any) -> bool:
     return bool(list(effects.ordered_effects.filter_in(jaxpr.effects)))
 
 
+def remat3_setting() -> Any:
+    """The ``jax_remat3`` setting (called with a bool, a thread-local context), or None before JAX 0.10.2."""
+    from jax._src import config
+
+    return getattr(config, "remat3", None)
+
+
 # --- the checkpoint primitive's lowering --------------------------------------------------
 
 def checkpoint_primitive() -> Any:

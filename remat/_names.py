@@ -6,8 +6,6 @@ from typing import Any
 #: "Do not checkpoint this region": the one spelling of it, accepted wherever a policy is.
 #: It is never ``None``, which means "checkpoint, keep nothing but the inputs".
 NO_CHECKPOINT = "no_checkpoint"
-#: The older spelling of :data:`NO_CHECKPOINT`, still accepted.
-NO_CHECKPOINT_ALIAS = "none"
 
 #: The named JAX policies (:data:`remat.policies.NAMED_POLICIES` maps them to JAX's).
 NAMED_POLICY_NAMES: tuple[str, ...] = ("nothing", "everything", "dots", "dots_no_batch")
@@ -20,5 +18,5 @@ CROSSCHECK_OPTIMIZERS: tuple[str, ...] = ("sgd", "momentum", "nesterov", "adam",
 
 
 def is_no_checkpoint(policy: Any) -> bool:
-    """True for the spellings of "do not checkpoint": :data:`NO_CHECKPOINT` (or ``"none"``)."""
-    return isinstance(policy, str) and policy in (NO_CHECKPOINT, NO_CHECKPOINT_ALIAS)
+    """True for :data:`NO_CHECKPOINT`, "do not checkpoint"."""
+    return isinstance(policy, str) and policy == NO_CHECKPOINT

@@ -144,12 +144,6 @@ def assert_clean_error(excinfo: pytest.ExceptionInfo, *fragments: str) -> None:
 _CHILD = "REMAT_ISOLATED_CHILD"
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "isolated: run the test in a child process (it could abort the interpreter)"
-    )
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_call(item: pytest.Item) -> None:
     if item.get_closest_marker("isolated") is None or os.environ.get(_CHILD):

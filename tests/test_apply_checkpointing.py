@@ -6,8 +6,10 @@ from Flax itself (``nn.MultiHeadDotProductAttention``, ``nnx.MultiHeadAttention`
 from __future__ import annotations
 
 import copy
+import functools
 import pickle
 import warnings
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -17,7 +19,16 @@ import optax
 import pytest
 from conftest import assert_clean_error, assert_trees_close, count_remat_eqns
 from flax import nnx
-from foreign_models import LinenBlock, LinenMixer, Mixer, MixerBlock
+from foreign_models import (
+    EncoderDecoder,
+    LinenBlock,
+    LinenEncoderDecoder,
+    LinenMixer,
+    LinenTiedLM,
+    Mixer,
+    MixerBlock,
+    TiedLM,
+)
 
 import remat
 from remat.analysis import compiled_memory
@@ -33,18 +44,18 @@ def _x(batch: int = BATCH) -> jax.Array:
     return jnp.asarray(np.random.default_rng(0).standard_normal((batch, 16)), jnp.float32)
 
 
-def _pure_loss(model: nnx.Module):
-    """``loss(state, x)`` of ``model`` split once: the graphdef carries the checkpointed classes."""
+def _pure_loss(model: nnx.Module, method: str = "__call__"):
+    """``loss(state, x)`` of ``model.method`` split once: the graphdef carries the checkpointed classes."""
     graphdef, state = nnx.split(model)
 
     def loss(state, x):
-        return jnp.mean(nnx.merge(graphdef, state)(x) ** 2)
+        return jnp.mean(getattr(nnx.merge(graphdef, state), method)(x) ** 2)
 
     return loss, state
 
 
-def _regions(model: nnx.Module, x: jax.Array) -> int:
-    loss, state = _pure_loss(model)
+def _regions(model: nnx.Module, x: jax.Array, method: str = "__call__") -> int:
+    loss, state = _pure_loss(model, method)
     return count_remat_eqns(jax.make_jaxpr(jax.grad(loss))(state, x))
 
 
@@ -58,30 +69,30 @@ def test_nnx_gradients_equal_and_one_region_per_selected_module():
     model, plain, x = _mixer(), _mixer(), _x()
     before = _state_shapes(model)
     assert _regions(model, x) == 0
-    paths = remat.apply_checkpointing(model, MixerBlock)
-    assert paths == [("blocks", i) for i in range(DEPTH)]
+    assert remat.apply_checkpointing(model, MixerBlock) is model  # NNX: changed in place, and returned
+    paths = [("blocks", i) for i in range(DEPTH)]
     assert _state_shapes(model) == before  # the same nnx.state paths, shapes and dtypes
     assert _regions(model, x) == DEPTH
     loss, state = _pure_loss(model)
     plain_loss, plain_state = _pure_loss(plain)
     grads = jax.jit(jax.grad(loss))(state, x)
     assert_trees_close(grads, jax.jit(jax.grad(plain_loss))(plain_state, x), rtol=1e-6, atol=1e-7)
-    assert remat.checkpointed(model) == [(p, "nothing") for p in paths]
+    assert remat.checkpointed(model) == [(p, None) for p in paths]  # the policy as asked: remat's default
     assert isinstance(model.blocks[0], MixerBlock) and type(model.blocks[0]).__name__ == "MixerBlock"
 
 
 def test_nnx_idempotent_every_policy_and_reversible():
     model, x = _mixer(), _x()
-    first = remat.apply_checkpointing(model, MixerBlock)
-    cls = type(model.blocks[0])
-    assert remat.apply_checkpointing(model, MixerBlock) == first
+    remat.apply_checkpointing(model, MixerBlock)
+    first, cls = remat.checkpointed(model), type(model.blocks[0])
+    assert remat.apply_checkpointing(model, MixerBlock) is model and remat.checkpointed(model) == first
     assert type(model.blocks[0]) is cls and _regions(model, x) == DEPTH  # not wrapped twice
-    assert remat.apply_checkpointing(model, lambda path, m: isinstance(m, MixerBlock), policy="dots",
-                                     every=2) == [("blocks", 0), ("blocks", 2)]
-    assert remat.checkpointed(model) == [(("blocks", 0), "dots"), (("blocks", 1), "nothing"),
-                                         (("blocks", 2), "dots"), (("blocks", 3), "nothing")]
-    assert _regions(model, x) == DEPTH  # re-applying replaces a module's options, never nests
-    assert remat.remove_checkpointing(model) == [("blocks", i) for i in range(DEPTH)]
+    remat.apply_checkpointing(model, lambda path, m: isinstance(m, MixerBlock), policy="dots", every=2)
+    # re-applying replaces: layers 1 and 3 keep nothing of the first call
+    assert remat.checkpointed(model) == [(("blocks", 0), "dots"), (("blocks", 2), "dots")]
+    assert type(model.blocks[1]) is MixerBlock and type(model.blocks[3]) is MixerBlock
+    assert _regions(model, x) == DEPTH // 2  # and never nests
+    assert remat.remove_checkpointing(model) is model
     assert remat.checkpointed(model) == [] and type(model.blocks[0]) is MixerBlock
     assert _regions(model, x) == 0
 
@@ -98,11 +109,11 @@ def test_nnx_pickle_and_deepcopy_keep_the_checkpoints():
 def test_nnx_torch_style_check_fn_and_paths():
     model = _mixer()
     # torch's apply_activation_checkpointing passes only the module
-    assert remat.apply_checkpointing(model, lambda m: isinstance(m, nnx.Linear)) == [
+    remat.apply_checkpointing(model, lambda m: isinstance(m, nnx.Linear))
+    assert [p for p, _ in remat.checkpointed(model)] == [
         ("blocks", i, name) for i in range(DEPTH) for name in ("down", "up")] + [("inp",), ("out",)]
-    remat.remove_checkpointing(model)
-    assert remat.apply_checkpointing(model, lambda path, m: path[-1:] == ("up",)) == [
-        ("blocks", i, "up") for i in range(DEPTH)]
+    remat.apply_checkpointing(model, lambda path, m: path[-1:] == ("up",))
+    assert [p for p, _ in remat.checkpointed(model)] == [("blocks", i, "up") for i in range(DEPTH)]
 
 
 @pytest.mark.slow
@@ -137,7 +148,8 @@ def test_nnx_shared_module_and_split_merge():
             return self.again(self.block(self.inp(x))).sum(-1)
 
     model, plain, x = Twice(nnx.Rngs(0)), Twice(nnx.Rngs(0)), _x()
-    assert remat.apply_checkpointing(model, MixerBlock) == [("again",)]  # one module, listed once
+    remat.apply_checkpointing(model, MixerBlock)
+    assert remat.checkpointed(model) == [(("again",), None)]  # one module, listed once
     assert model.block is model.again and type(model.block) is type(model.again)
     assert _regions(model, x) == 2  # called twice: two regions
     loss, state = _pure_loss(model)
@@ -146,7 +158,7 @@ def test_nnx_shared_module_and_split_merge():
                        rtol=1e-6, atol=1e-7)
     graphdef, state = nnx.split(model)
     merged = nnx.merge(graphdef, state)
-    assert merged.block is merged.again and remat.checkpointed(merged) == [(("again",), "nothing")]
+    assert merged.block is merged.again and remat.checkpointed(merged) == [(("again",), None)]
 
 
 @pytest.mark.slow
@@ -179,7 +191,8 @@ def test_flax_attention_from_another_package():
                                        rngs=nnx.Rngs(0))
     plain = nnx.clone(attention)
     x = jnp.ones((2, 5, 16)) * jnp.arange(16) / 16
-    assert remat.apply_checkpointing(attention, nnx.LinearGeneral) == [("key",), ("out",), ("query",), ("value",)]
+    remat.apply_checkpointing(attention, nnx.LinearGeneral)
+    assert [p for p, _ in remat.checkpointed(attention)] == [("key",), ("out",), ("query",), ("value",)]
 
     def loss(m):
         return jnp.sum(m(x) ** 2)
@@ -202,7 +215,7 @@ def test_linen_gradients_equal_names_kept_and_one_region_per_block():
     checkpointed = remat.apply_checkpointing(model, LinenBlock)
     assert type(checkpointed).__name__ == "LinenMixer" and checkpointed.width == model.width
     assert jax.tree.structure(jax.eval_shape(checkpointed.init, jax.random.key(0), x)) == jax.tree.structure(params)
-    assert remat.checkpointed(checkpointed) == [((f"LinenBlock_{i}",), "nothing") for i in range(4)]
+    assert remat.checkpointed(checkpointed) == [((f"LinenBlock_{i}",), None) for i in range(4)]
     loss, plain_loss = _linen_loss(checkpointed), _linen_loss(model)
     # dropout on: the recomputation draws the same mask
     assert_trees_close(jax.jit(jax.grad(loss))(params, x), jax.jit(jax.grad(plain_loss))(params, x),
@@ -240,6 +253,63 @@ def test_linen_attention_from_flax():
     assert sorted(p for p, _ in remat.checkpointed(checkpointed)) == [("key",), ("out",), ("query",), ("value",)]
 
 
+# --- every method of a selected module, whatever calls it ------------------------------
+
+def _linen_regions_and_grads(model: nn.Module, params, x, method: Any = None):
+    def loss(p):
+        return jnp.mean(model.apply(p, x, method=method) ** 2)
+    return count_remat_eqns(jax.make_jaxpr(jax.grad(loss))(params)), jax.jit(jax.grad(loss))(params)
+
+
+def test_nnx_entry_points_and_methods_other_than_call():
+    model, plain, x = EncoderDecoder(WIDTH, 2, rngs=nnx.Rngs(0)), EncoderDecoder(WIDTH, 2, rngs=nnx.Rngs(0)), _x()
+    remat.apply_checkpointing(model, MixerBlock)
+    assert _regions(model, x, "encode") == 2 and _regions(model, x) == 4
+    for method in ("encode", "__call__"):
+        loss, state = _pure_loss(model, method)
+        plain_loss, plain_state = _pure_loss(plain, method)
+        assert_trees_close(jax.grad(loss)(state, x), jax.grad(plain_loss)(plain_state, x), rtol=1e-6, atol=1e-7)
+    # the root selected: its __call__ is one region, and encode/decode run inside it as they are
+    remat.apply_checkpointing(model, lambda path, m: path == ())
+    assert _regions(model, x) == 1 and _regions(model, x, "encode") == 1
+    # a selected module's other methods are regions too: nnx.Embed's lookup and its attend
+    lm, plain_lm = TiedLM(32, WIDTH, rngs=nnx.Rngs(0)), TiedLM(32, WIDTH, rngs=nnx.Rngs(0))
+    remat.apply_checkpointing(lm, nnx.Embed)
+    ids = jnp.arange(6).reshape(2, 3)
+    assert _regions(lm, ids) == 2 and remat.checkpointed(lm) == [(("embed",), None)]
+    (loss, state), (plain_loss, plain_state) = _pure_loss(lm), _pure_loss(plain_lm)
+    assert_trees_close(jax.grad(loss)(state, ids), jax.grad(plain_loss)(plain_state, ids), rtol=1e-6, atol=1e-7)
+
+
+def test_linen_entry_points_and_methods_other_than_call():
+    plain, x = LinenEncoderDecoder(width=WIDTH), _x()
+    params = jax.jit(plain.init)(jax.random.key(0), x)
+    model = remat.apply_checkpointing(plain, LinenBlock)
+    for method, regions in (("encode", 2), (None, 4), (lambda m, x: m.decode(m.encode(x)), 4)):
+        n, grads = _linen_regions_and_grads(model, params, x, method)
+        assert n == regions, method
+        assert_trees_close(grads, _linen_regions_and_grads(plain, params, x, method)[1], rtol=1e-6, atol=1e-7)
+    model.apply(params, x, method="encode")
+    assert remat.checkpointed(model) == [(("encoder_0",), None), (("encoder_1",), None)]
+    # the root selected: whichever entry point, one region, its own methods running inside it
+    root = remat.apply_checkpointing(plain, lambda path, m: path == ())
+    assert [_linen_regions_and_grads(root, params, x, m)[0] for m in ("encode", None)] == [1, 1]
+    # a selected module's other methods are regions too: nn.Embed's lookup and its attend
+    lm, ids = LinenTiedLM(), jnp.arange(6).reshape(2, 3)
+    lm_params = jax.jit(lm.init)(jax.random.key(0), ids)
+    applied = remat.apply_checkpointing(lm, nn.Embed, policy="dots")
+    n, grads = _linen_regions_and_grads(applied, lm_params, ids)
+    assert n == 2 and remat.checkpointed(applied) == [(("Embed_0",), "dots")]
+    assert_trees_close(grads, _linen_regions_and_grads(lm, lm_params, ids)[1], rtol=1e-6, atol=1e-7)
+
+
+def test_checkpointed_lists_the_policy_as_asked():
+    model = _mixer()
+    for policy in (None, "nothing", "dots", ["a", "b"], ("a", "b")):
+        remat.apply_checkpointing(model, MixerBlock, policy=policy)
+        assert remat.checkpointed(model) == [(("blocks", i), policy) for i in range(DEPTH)]
+
+
 # --- memory ----------------------------------------------------------------------------
 
 class HandWrittenMixer(Mixer):
@@ -262,7 +332,7 @@ def _temp_bytes(model: nnx.Module, x: jax.Array) -> int:
 
 @pytest.mark.slow
 def test_compiled_temp_memory_drops_as_much_as_hand_written():
-    """README: ``python -m pytest tests/test_apply_checkpointing.py -k compiled_temp -s -q`` prints the numbers."""
+    """The table of docs/apply_checkpointing.md; with ``-m slow -k compiled_temp -s`` it prints the numbers."""
     w, d, b = MEMORY_SIZES["width"], MEMORY_SIZES["depth"], MEMORY_SIZES["batch"]
     x = _x(b)
     plain = _mixer(width=w, depth=d)
@@ -308,12 +378,19 @@ def test_linen_compiled_temp_memory_drops_as_much_as_hand_written():
 def test_no_match_warns_with_the_classes_seen_and_changes_nothing():
     model = _mixer()
     with pytest.warns(UserWarning, match="matched no submodule.*LayerNorm, Linear, List, Mixer, MixerBlock"):
-        assert remat.apply_checkpointing(model, nnx.Conv) == []
+        assert remat.apply_checkpointing(model, nnx.Conv) is model
     assert remat.checkpointed(model) == [] and type(model.blocks[0]) is MixerBlock
 
 
 @pytest.mark.parametrize("call, fragments", [
     (lambda m: remat.apply_checkpointing(lambda x: x, MixerBlock), ["NNX module", "remat.checkpoint"]),
+    # how Flax's ImageNet example exports ResNet18 = partial(ResNet, ...): the fix is to build the model
+    (lambda m: remat.apply_checkpointing(functools.partial(LinenMixer, depth=2), LinenBlock),
+     ["functools.partial(LinenMixer, ...)", "build the Linen module first"]),
+    (lambda m: remat.apply_checkpointing(functools.partial(Mixer, 16), MixerBlock),
+     ["functools.partial(Mixer, ...)", "build the NNX module first"]),
+    (lambda m: remat.apply_checkpointing(Mixer, MixerBlock), ["the NNX class Mixer", "build the model first"]),
+    (lambda m: remat.apply_checkpointing({"params": 1}, MixerBlock), ["got dict"]),
     (lambda m: remat.apply_checkpointing(m, MixerBlock, every=0), ["every=0", ">= 1"]),
     (lambda m: remat.apply_checkpointing(m, MixerBlock, policy="dots_no_batches"), ["dots_no_batches"]),
     (lambda m: remat.apply_checkpointing(m, "MixerBlock"), ["check_fn", "class"]),
@@ -341,7 +418,7 @@ def test_a_module_without_call_is_refused_before_any_change():
     model = Outer(nnx.Rngs(0))
     with pytest.raises(TypeError) as e:
         remat.apply_checkpointing(model, (Holder, MixerBlock))
-    assert_clean_error(e, "Holder has no __call__")
+    assert_clean_error(e, "Holder defines no method to checkpoint")
     assert remat.checkpointed(model) == []
 
 
@@ -383,7 +460,7 @@ def test_plan_redecides_applied_regions_as_hand_written_ones_and_picks_modules()
     assert planned.num_regions == by_hand.num_regions == DEPTH
     assert {c.label: c.temp_bytes for c in planned.candidates} == {c.label: c.temp_bytes for c in by_hand.candidates}
     labels = {c.label for c in planned.candidates}
-    assert {"all: nothing", "all: dots", "all: budget(0.5)"} <= labels  # a policy or a budget per module
+    assert {"all: nothing", "all: dots", "all: residual_budget(0.5)"} <= labels  # a policy or a budget per module
     assert any(label.startswith("first ") for label in labels)  # which modules: some left unchecked
     # the chosen plan, module by module
     choice = dict(zip(region_paths(loss, state, x), planned.chosen.policies))
@@ -443,11 +520,11 @@ def test_cli_checkpoint_flags(capsys):
     from remat.cli import main
 
     assert main(["profile", "mlp", "--depth", "4", "--checkpoint", "Block", "--every", "2",
-                 "--policies", "none,nothing", "--steps", "1", "--json"]) == 0
+                 "--policies", "no_checkpoint,nothing", "--steps", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["regions"] == 2 and out["checkpoint"] == ["Block"]
     temp = {r["policy"]: r["temp_bytes"] for r in out["results"]}
-    assert set(temp) == {"none", "nothing"} and temp["nothing"] < temp["none"]
+    assert set(temp) == {"no_checkpoint", "nothing"} and temp["nothing"] < temp["no_checkpoint"]
     assert main(["train", "mlp", "--steps", "2", "--checkpoint", "Block", "--checkpoint-every", "2",
                  "--policy", "dots", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -294,3 +294,17 @@ def test_frontier_run_tiny(tmp_path):
     md = (tmp_path / "frontier.md").read_text()
     assert "## remat against every torch.compile point" in md and "torch_compile_0.0" in md
     assert (tmp_path / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_scan_schedules_tiny(capsys):
+    from benchmarks import scan_schedules
+
+    assert scan_schedules.main(["--depth", "4", "--models", "mlp", "--sizes", "tiny"]) == 0
+    rows = [line.strip("| ").split(" | ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| mlp |")]
+    assert [row[1] for row in rows] == ["nothing", "dots_no_batch", "dots"]
+    for row in rows:  # 4 blocks: flat, 2 groups and both binomial schedules; no 8 or 4 groups
+        cells = dict(zip(scan_schedules.SCHEDULES, row[2:], strict=True))
+        assert cells["8 groups"] == cells["4 groups"] == "-", row
+        assert all(float(cells[s]) > 0 for s in ("flat", "2 groups", "binomial(levels=1)", "binomial(levels=2)"))

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import remat
 from remat.analysis import saved_residuals
-from remat.analysis.budget import Budget, knapsack
+from remat.analysis.budget import ResidualBudget, knapsack
 
 
 def block(w, x):
@@ -89,8 +89,12 @@ def test_bad_fractions_are_value_errors(bad):
 
 
 def test_budget_outside_remat_checkpoint_says_how_to_use_it():
-    with pytest.raises(TypeError, match="policy= of remat.checkpoint"):
-        jax.grad(lambda x: jax.checkpoint(jnp.sin, policy=Budget(0.5))(x).sum())(X)
+    from jax._src import config
+
+    # JAX's remat3 consults no callable policy at all, so the misuse can only be caught
+    # where jax.checkpoint asks the policy: its checkpoint primitive
+    with config.remat3(False), pytest.raises(TypeError, match="policy= of remat.checkpoint"):
+        jax.grad(lambda x: jax.checkpoint(jnp.sin, policy=ResidualBudget(0.5))(x).sum())(X)
 
 
 def _brute_force(weights, values, capacity):
@@ -126,3 +130,38 @@ def test_knapsack_twenty_candidates_exact():
 def test_knapsack_beyond_the_exact_limit_is_greedy_and_feasible():
     picked, method = knapsack(list(range(1, 41)), [1.0] * 40, 50, exact_limit=24)
     assert method == "greedy" and sum(i + 1 for i in picked) <= 50
+
+
+def _key_noise(x):
+    return jnp.sin(x) * jax.random.normal(jax.random.key(0), x.shape)
+
+
+def _key_residual(x):  # a typed key computed from the input: a key<fry> residual
+    key = jax.random.fold_in(jax.random.key(0), (x.sum() > 0).astype(jnp.int32))
+    return jnp.sin(x) * jax.random.normal(key, x.shape)
+
+
+def _int4_and_bool(x):
+    mask = x > 0.5
+    q = (x * 3).astype(jnp.int4)
+    return jnp.where(mask, jnp.sin(x), jnp.cos(x)) * q.astype(jnp.float32)
+
+
+def _float0(x):  # an integer value inside the region: its cotangent is float0
+    n = (x * 4).astype(jnp.int32)
+    return jnp.sin(x) * n.astype(jnp.float32), n
+
+
+@pytest.mark.parametrize("fn", [_key_noise, _key_residual, _int4_and_bool, _float0])
+@pytest.mark.parametrize("policy", ["every name", "budget"])
+def test_every_policy_accepts_every_residual_dtype(fn, policy):
+    from remat._names import POLICY_NAMES
+
+    x = jnp.linspace(0.1, 1.0, 4)
+    loss = lambda f: lambda x: jax.tree.leaves(f(x))[0].sum()  # noqa: E731
+    want = jax.grad(loss(fn))(x)
+    chosen = list(POLICY_NAMES) + [["a"]] if policy == "every name" else [
+        remat.residual_budget(f) for f in (0.0, 0.5, 1.0)]
+    for p in chosen:
+        got = jax.grad(loss(lambda x, p=p: remat.checkpoint(fn, x, policy=p)))(x)
+        np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=str(p))

@@ -403,6 +403,31 @@ def test_bad_input_clear_error(call, exc, fragments):
     assert_clean_error(excinfo, *fragments)
 
 
+def test_one_keyword_list_for_every_entry_point():
+    """checkpoint, checkpoint_sequential and apply_checkpointing take the keywords of one specification."""
+    import dataclasses
+    import inspect
+
+    from flax import nnx
+
+    import remat
+    from remat._core.options import KEYWORDS, CheckpointKeywords, normalize_options
+
+    params = inspect.signature(checkpoint).parameters  # what help(remat.checkpoint) shows
+    assert [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY] == list(KEYWORDS)
+    defaults = {f.name: f.default for f in dataclasses.fields(CheckpointKeywords)}
+    assert {n: params[n].default for n in KEYWORDS} == defaults
+    assert normalize_options() == normalize_options(**defaults)
+    # a keyword that is not checkpoint's goes to the function, as in torch.utils.checkpoint
+    assert checkpoint(lambda x, *, scale: x * scale, X, scale=2.0).shape == X.shape
+    # the other entry points name the same list in their errors
+    for call in (lambda: remat.checkpoint_sequential([jnp.sin], 1, X, polcy="dots"),
+                 lambda: remat.apply_checkpointing(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), nnx.Linear, polcy="dots")):
+        with pytest.raises(TypeError) as excinfo:
+            call()
+        assert_clean_error(excinfo, "polcy", "prevent_cse", "preserve_rng_state")
+
+
 def test_bad_input_under_grad_and_jit_is_still_clean():
     # raised while an outer transform traces: still ours, still one line
     with pytest.raises(ValueError) as excinfo:

@@ -173,7 +173,7 @@ def test_no_checkpoint_is_one_spelling_accepted_by_every_form():
     from remat.policies import NO_CHECKPOINT, POLICY_NAMES, is_no_checkpoint, resolve_policy
 
     assert POLICY_NAMES[0] == NO_CHECKPOINT and "nothing" in POLICY_NAMES
-    assert is_no_checkpoint(NO_CHECKPOINT) and is_no_checkpoint("none") and not is_no_checkpoint(None)
+    assert is_no_checkpoint(NO_CHECKPOINT) and not is_no_checkpoint("none") and not is_no_checkpoint(None)
     f = Counter(lambda x: jnp.sin(x) * 2.0)
     x = jnp.linspace(0.0, 1.0, 4)
     forms = {
@@ -190,3 +190,136 @@ def test_no_checkpoint_is_one_spelling_accepted_by_every_form():
     np.testing.assert_allclose(g, 2 * np.cos(np.asarray(x)), rtol=1e-6)
     with pytest.raises(ValueError, match="not a JAX policy"):
         resolve_policy(NO_CHECKPOINT)
+
+
+# --- The trace cache never serves a stale trace (issue 19) -------------------------------
+
+def test_equal_scalars_of_different_types_get_their_own_traces():
+    def f(x, flag):
+        if isinstance(flag, bool):
+            return jnp.sin(x) if flag else jnp.cos(x)
+        return x * flag + 1.0
+
+    x = jnp.ones(3)
+    for value in (0, False, 0.0, 1, True, 1.0, 0, False):
+        got = remat.checkpoint(f, x, value)
+        want = f(x, value)
+        assert got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        np.testing.assert_allclose(jax.grad(lambda x, v=value: remat.checkpoint(f, x, v).sum())(x),
+                                   jax.grad(lambda x, v=value: f(x, v).sum())(x), rtol=1e-6)
+
+
+def test_an_output_dtype_follows_the_scalar_type():
+    def g(x, s):
+        return jnp.full((2,), s)
+
+    x = jnp.ones(3)
+    for s in (1, 1.0, True, 1):
+        assert remat.checkpoint(g, x, s).dtype == g(x, s).dtype
+
+
+def test_static_argnums_tell_types_apart_as_jax_jit_does():
+    f = Counter(lambda x, s: jnp.full(x.shape, s))
+    g = remat.checkpoint(f, static_argnums=(1,))
+    assert g(jnp.ones(2), 1).dtype == jnp.int32
+    assert g(jnp.ones(2), 1.0).dtype == jnp.float32
+    assert g(jnp.ones(2), True).dtype == jnp.bool_
+    nested = remat.checkpoint(lambda x, pair: x * (2.0 if isinstance(pair[0], bool) else 3.0), static_argnums=(1,))
+    np.testing.assert_allclose(nested(jnp.ones(1), (0, 1)), [3.0])
+    np.testing.assert_allclose(nested(jnp.ones(1), (False, 1)), [2.0])
+    assert f.calls == 3
+
+
+def test_negative_zero_is_not_zero():
+    def f(x, s):
+        return x * jnp.copysign(1.0, s)
+
+    x = jnp.ones(2)
+    np.testing.assert_allclose(remat.checkpoint(f, x, 0.0), [1.0, 1.0])
+    np.testing.assert_allclose(remat.checkpoint(f, x, -0.0), [-1.0, -1.0])
+
+
+class _Layer:
+    def __init__(self, w):
+        self.w = w
+
+    def fwd(self, x):
+        return jnp.tanh(x @ self.w)
+
+
+def test_bound_method_of_a_changed_object_is_traced_afresh():
+    layer, x = _Layer(np.eye(3, dtype=np.float32)), jnp.ones((1, 3))
+    remat.checkpoint(layer.fwd, x)
+    jax.grad(lambda x: remat.checkpoint(layer.fwd, x).sum())(x)
+    layer.w = 2 * np.eye(3, dtype=np.float32)
+    np.testing.assert_allclose(remat.checkpoint(layer.fwd, x), jax.checkpoint(layer.fwd)(x), rtol=1e-6)
+    np.testing.assert_allclose(remat.checkpoint(layer.fwd, x), layer.fwd(x), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(lambda x: remat.checkpoint(layer.fwd, x).sum())(x),
+                               jax.grad(lambda x: layer.fwd(x).sum())(x), rtol=1e-6)
+
+
+def test_a_passed_object_hashed_by_identity_is_read_as_it_is_now():
+    class Config:
+        scale = 2.0
+
+    def f(x, cfg):
+        return x * cfg.scale
+
+    cfg = Config()
+    np.testing.assert_allclose(remat.checkpoint(f, jnp.ones(2), cfg), [2.0, 2.0])
+    cfg.scale = 5.0
+    np.testing.assert_allclose(remat.checkpoint(f, jnp.ones(2), cfg), [5.0, 5.0])
+
+
+def test_a_frozen_value_object_is_keyed_by_value():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        scale: float
+
+    f = Counter(lambda x, cfg: x * cfg.scale)
+    for scale in (2.0, 2.0, 3.0, 2.0):
+        np.testing.assert_allclose(remat.checkpoint(f, jnp.ones(2), Config(scale)), [scale] * 2)
+    assert f.calls == 2
+
+
+def test_nnx_module_static_attributes_and_state_are_current():
+    class Block(nnx.Module):
+        def __init__(self):
+            self.lin = nnx.Linear(3, 3, rngs=nnx.Rngs(0))
+            self.scale = 2.0
+
+        def __call__(self, x):
+            return self.lin(x) * self.scale
+
+    block, x = Block(), jnp.ones((1, 3))
+    remat.checkpoint(block, x)
+    block.scale = 3.0
+    np.testing.assert_allclose(remat.checkpoint(block, x), block(x), rtol=1e-6)
+    block.lin.kernel[...] = block.lin.kernel[...] * 2
+    np.testing.assert_allclose(remat.checkpoint(block, x), block(x), rtol=1e-6)
+
+
+def test_the_cache_holds_functions_weakly_as_jax_checkpoint_does():
+    import gc
+    import weakref
+
+    from remat._core.regions import REGIONS
+
+    big = jnp.ones((64, 64))
+
+    def make():
+        def f(x):
+            return jnp.sin(x) @ big
+        return f
+
+    functions = [make()]  # the only reference, so that dropping it can free the function
+    jax.grad(lambda x: remat.checkpoint(functions[0], x).sum())(jnp.ones((2, 64)))
+    before = len(REGIONS)
+    alive = weakref.ref(functions[0])
+    functions.clear()
+    gc.collect()
+    assert alive() is None  # neither remat's table nor JAX's trace cache keeps it
+    assert len(REGIONS) < before

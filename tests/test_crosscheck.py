@@ -254,8 +254,8 @@ def test_cli_builtin_and_json(capsys):
 
 
 # "names" (the transformer tags its blocks) fast, the other policies slow
-@pytest.mark.parametrize("policy", [p if p == "names" else pytest.param(p, marks=pytest.mark.slow)
-                                    for p in ["nothing", "everything", "dots", "dots_no_batch", "names", "none"]])
+@pytest.mark.parametrize("policy", [p if p == "names" else pytest.param(p, marks=pytest.mark.slow) for p in
+                                    ["nothing", "everything", "dots", "dots_no_batch", "names", "no_checkpoint"]])
 def test_cli_every_policy_on_the_transformer(policy, capsys):
     assert main(["crosscheck", "transformer", "--policy", policy, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"]
@@ -263,7 +263,7 @@ def test_cli_every_policy_on_the_transformer(policy, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("policy", ["nothing", "everything", "dots", "dots_no_batch", "names", "none"])
+@pytest.mark.parametrize("policy", ["nothing", "everything", "dots", "dots_no_batch", "names", "no_checkpoint"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_cli_full_matrix(name, policy, dtype, capsys):
     assert main(["crosscheck", name, "--policy", policy, "--dtype", dtype, "--json"]) == 0, capsys.readouterr().out

@@ -192,15 +192,15 @@ def test_flax_models_need_no_transformers(monkeypatch):
 
 
 @pytest.mark.slow
-def test_readme_recipe_prints_the_report_it_shows(capsys):
-    """The README's "Port a HuggingFace model" code runs and prints the rows pasted below it."""
+def test_port_recipe_prints_the_report_it_shows(capsys):
+    """docs/crosscheck.md's "Port a HuggingFace model" code runs and prints the rows pasted below it."""
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("### Port a HuggingFace model", 1)[1]
-    code, shown = re.findall(r"```(?:python)?\n(.*?)```", section, re.S)[:2]
-    exec(compile(code, "README recipe", "exec"), {})
+    page = (Path(__file__).resolve().parents[1] / "docs" / "crosscheck.md").read_text()
+    section = page.split("## Port a HuggingFace model", 1)[1]
+    code, shown = re.findall(r"```(?:python|text)?\n(.*?)```", section, re.S)[:2]
+    exec(compile(code, "docs/crosscheck.md recipe", "exec"), {})
     printed = capsys.readouterr().out
 
     def skeleton(text):  # everything but the measured errors, which vary with the machine

@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 REMAT = Path(__file__).resolve().parents[1] / "remat"
 ABOVE_THE_LIBRARY = ("remat.models", "remat.examples")
 
@@ -45,26 +47,39 @@ def test_remat_installs_one_top_level_package():
     assert Path(remat.models.__file__).parent.name == "models"
 
 
-def test_old_module_paths_still_work_and_say_where_to_go():
+def test_one_name_for_each_thing_no_shims():
     import importlib
-    import sys
-    import warnings
 
-    for old, new, name in [("remat.memory", "remat.analysis", "saved_residuals"),
-                           ("remat.budget", "remat.analysis.budget", "budget"),
-                           ("remat.sequential", "remat._core.sequential", "checkpoint_sequential")]:
-        sys.modules.pop(old, None)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            module = importlib.import_module(old)
-        assert getattr(module, name) is getattr(importlib.import_module(new), name)
-        assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught), old
-    import remat.crosscheck
-    import remat.torch
+    for gone in ("remat.memory", "remat.budget", "remat.sequential"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(gone)
+    import remat.policies
+    import remat.scan
 
-    assert remat.crosscheck is remat.torch  # the public path of the bridge, not deprecated
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        import remat.analysis.budget
-        assert remat.policies.budget is remat.analysis.budget.budget
-    assert any("remat.residual_budget" in str(w.message) for w in caught)
+    for module, name in [(remat.policies, "budget"), (remat.policies, "Budget"), (remat.scan, "resolve_policy_spec"),
+                         (remat.scan, "_capacity"), (remat, "budget"), (remat, "memory")]:
+        assert not hasattr(module, name), (module.__name__, name)
+    for package in ("remat", "remat.policies", "remat.scan", "remat.analysis", "remat.ops", "remat.torch"):
+        exported = importlib.import_module(package).__all__
+        assert not [n for n in exported if n.startswith("_")], package
+
+
+def test_the_type_checking_imports_and_the_lazy_exports_name_the_same_objects():
+    import ast
+
+    import remat
+
+    tree = ast.parse(Path(remat.__file__).read_text())
+    (block,) = [n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING"]
+    declared = {}
+    for node in block.body:
+        for alias in node.names:
+            if isinstance(node, ast.ImportFrom) and node.module == "remat":  # from remat import ops as ops
+                declared[alias.asname or alias.name] = (f"remat.{alias.name}", None)
+            else:
+                declared[alias.asname or alias.name] = (node.module, alias.name)
+            assert alias.asname == alias.name or alias.asname is None or alias.asname in remat._EXPORTS
+    assert declared == remat._EXPORTS
+    assert remat.__all__ == sorted(remat._EXPORTS)
+    for name in remat.__all__:
+        assert getattr(remat, name) is not None

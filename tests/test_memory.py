@@ -180,7 +180,7 @@ def test_compiled_memory_accepts_shape_dtype_structs():
 
 def test_with_policy():
     f = lambda w, x: jnp.sum(jnp.tanh(x @ w))  # noqa: E731
-    assert with_policy(f, "none") is f
+    assert with_policy(f, "no_checkpoint") is f
     r = saved_residuals(with_policy(f, "nothing"), W, X)
     assert r.residual_bytes == 0
     r = saved_residuals(with_policy(f, "dots"), W, X)
@@ -240,21 +240,21 @@ def _mlp_params(depth, d=32, hidden=64):
 
 def test_compare_policies_factory_and_keyword_forms(tmp_path):
     ps, x = _mlp_params(2), jnp.ones((8, 32))
-    table = compare_policies(_mlp_factory, ps, x, policies=("none", "nothing", "dots"), steps=5)
-    assert [r.policy for r in table] == ["none", "nothing", "dots"]
+    table = compare_policies(_mlp_factory, ps, x, policies=("no_checkpoint", "nothing", "dots"), steps=5)
+    assert [r.policy for r in table] == ["no_checkpoint", "nothing", "dots"]
     assert all(len(r.step_times_s) == 5 and r.step_time_s > 0 for r in table)
-    assert table["nothing"].residual_bytes < table["dots"].residual_bytes < table["none"].residual_bytes
+    assert table["nothing"].residual_bytes < table["dots"].residual_bytes < table["no_checkpoint"].residual_bytes
     # Exact: block 1's input and the final output (for x ** 2); block 0's input is x itself.
     assert table["nothing"].residual_bytes == 2 * 8 * 32 * 4
 
-    def loss_with_kwarg(ps, x, *, policy="none"):
+    def loss_with_kwarg(ps, x, *, policy="no_checkpoint"):
         return _mlp_factory(policy)(ps, x)
 
     again = compare_policies(loss_with_kwarg, ps, x, policies=("nothing",), steps=5)
     assert again["nothing"].residual_bytes == table["nothing"].residual_bytes
 
     d = json.loads(table.to_json())
-    assert [r["policy"] for r in d["results"]] == ["none", "nothing", "dots"]
+    assert [r["policy"] for r in d["results"]] == ["no_checkpoint", "nothing", "dots"]
     assert "temp vs no checkpoint" in str(table) and "1.00x" in str(table)
     png = table.plot(tmp_path / "policies.png")
     assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -282,7 +282,7 @@ def test_compiled_bytes_order_nothing_dots_none_after_import_remat():
         from remat.analysis import compare_policies
         from tests.test_memory import _mlp_factory, _mlp_params
         t = compare_policies(_mlp_factory, _mlp_params(4, d=128, hidden=512), jnp.ones((256, 128)),
-                             policies=("none", "nothing", "dots", "everything"), steps=5, warmup=1)
+                             policies=("no_checkpoint", "nothing", "dots", "everything"), steps=5, warmup=1)
         print(t.to_json())
     """)
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "REMAT_KEEP_XLA_FLAGS")}
@@ -292,12 +292,12 @@ def test_compiled_bytes_order_nothing_dots_none_after_import_remat():
     assert out.returncode == 0, out.stderr[-3000:]
     d = {r["policy"]: r for r in json.loads(out.stdout.strip().splitlines()[-1])["results"]}
     temp = {k: v["temp_bytes"] for k, v in d.items()}
-    assert temp["nothing"] < temp["dots"] < temp["none"], temp
-    assert temp["nothing"] < 0.5 * temp["none"], temp
-    assert temp["everything"] >= 0.9 * temp["none"], temp  # saving everything = no checkpoint
+    assert temp["nothing"] < temp["dots"] < temp["no_checkpoint"], temp
+    assert temp["nothing"] < 0.5 * temp["no_checkpoint"], temp
+    assert temp["everything"] >= 0.9 * temp["no_checkpoint"], temp  # saving everything = no checkpoint
     res = {k: v["residual_bytes"] for k, v in d.items()}
-    assert res["nothing"] < res["dots"] < res["none"], res
-    assert abs(res["everything"] - res["none"]) < 0.01 * res["none"], res  # up to a few literals
+    assert res["nothing"] < res["dots"] < res["no_checkpoint"], res
+    assert abs(res["everything"] - res["no_checkpoint"]) < 0.01 * res["no_checkpoint"], res  # up to a few literals
 
 
 @pytest.mark.slow
@@ -317,10 +317,10 @@ def test_profile_cli_json_and_errors(capsys, tmp_path):
 
     png = tmp_path / "p.png"
     rc = main(["profile", "transformer", "--depth", "2", "--width", "16", "--seq-len", "8", "--batch-size", "4",
-               "--steps", "2", "--policies", "none,nothing", "--plot", str(png), "--json"])
+               "--steps", "2", "--policies", "no_checkpoint,nothing", "--plot", str(png), "--json"])
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["model"] == "transformer" and [r["policy"] for r in d["results"]] == ["none", "nothing"]
+    assert d["model"] == "transformer" and [r["policy"] for r in d["results"]] == ["no_checkpoint", "nothing"]
     assert d["results"][1]["residual_bytes"] < d["results"][0]["residual_bytes"]
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert main(["profile", "resnet"]) == 2

@@ -122,7 +122,7 @@ def test_save_all_but_drops_only_the_named_value():
     assert any("named 'h'" in d for d in all_but)  # other names are still kept
     assert 0 < len(all_but) < len(everything)
     assert nbytes(policies.save_all_but("scores")) <= nbytes("everything")
-    assert policies.save_all_but("scores").__name__ == "save_all_but(scores)"
+    assert repr(policies.save_all_but("scores")) == "save_all_but('scores')"
 
 
 def test_offload_names_moves_the_value_to_host():
@@ -146,7 +146,7 @@ def test_any_of_is_the_union():
     assert len(union) == len(_descriptions("dots_no_batch")) + 1
     assert any("named 'scores'" in d for d in union)
     assert _descriptions(policies.any_of("nothing", None)) == []
-    assert policies.any_of("dots", ["h"]).__name__ == "any_of(dots, names:h)"
+    assert repr(policies.any_of("dots", ["h"])) == "any_of(dots, save_names('h'))"
 
 
 def test_selective_ops_match_dots():
@@ -163,7 +163,7 @@ def test_selective_function_policy():
 
     res = kept(policies.selective(save_tanh))
     assert len(res) == 1 and res[0][0].shape == (2, 3, 4)
-    assert policies.selective(save_tanh).__name__ == "selective(save_tanh)"
+    assert repr(policies.selective(save_tanh)) == "selective(save_tanh)"
     # bools work too; PREFER_SAVE saves like MUST_SAVE
     assert len(kept(policies.selective(lambda op, *a, **k: op == "tanh"))) == 1
     prefer = policies.selective(lambda op, *a, **k: CheckpointPolicy.PREFER_SAVE if op == "tanh" else False)
@@ -196,7 +196,7 @@ def test_policy_name():
     assert policies.policy_name(None) == "nothing"
     assert policies.policy_name("dots") == "dots"
     assert policies.policy_name(["a", "b"]) == "names:a,b"
-    assert policies.policy_name(policies.selective(["mm"])) == "selective(dot_general)"
+    assert policies.policy_name(policies.selective(["mm"])) == "selective('dot_general')"
 
 
 @pytest.mark.parametrize(
@@ -229,3 +229,60 @@ def test_policy_with_nnx_and_sequential():
     n_nothing = len(nonarg_residuals(lambda x: f(x, None), x))
     assert n_dots == n_nothing + 1
     np.testing.assert_allclose(jax.grad(lambda x: f(x, "dots"))(x), jax.grad(lambda x: f(x, None))(x), rtol=1e-6)
+
+
+# --- Policies are values (issue 20) ---------------------------------------------------------
+
+def _every_constructed_policy():
+    return [
+        policies.save_names("a", "b"), policies.save_all_but("a"), policies.offload_names("a", save=["b"]),
+        policies.any_of("dots_no_batch", ["a"]), policies.selective(["mm", "conv2d"]),
+        policies.selective(_save_exp),
+    ]
+
+
+def _save_exp(op, *avals, **params):
+    return op == "exp"
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_equal_policies_are_equal_hash_equal_print_and_pickle(index):
+    import copy
+    import pickle
+
+    policy, again = _every_constructed_policy()[index], _every_constructed_policy()[index]
+    assert policy == again and hash(policy) == hash(again)
+    assert pickle.loads(pickle.dumps(policy)) == policy
+    assert copy.deepcopy(policy) == policy
+    assert "<function" not in repr(policy) and "object at" not in repr(policy)
+    assert policies.policy_name(policy) == repr(policy) or index == 0
+
+
+def test_equal_policies_share_one_trace():
+    calls = []
+
+    def body(x):
+        calls.append(1)
+        return jnp.sin(remat.checkpoint_name(jnp.sin(x), "a"))
+
+    for _ in range(3):  # a new, equal policy object each call
+        jax.grad(lambda x: remat.checkpoint(body, x, policy=policies.any_of("dots", ["a"])).sum())(jnp.ones(3))
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("policy", [["a"], "names", "any_of", "save_all_but", "selective"])
+def test_a_model_checkpointed_with_any_policy_pickles_and_deepcopies(policy):
+    import copy
+    import pickle
+
+    from flax import nnx
+
+    chosen = {"names": policies.save_names("a"), "any_of": policies.any_of("dots", ["a"]),
+              "save_all_but": policies.save_all_but("a"), "selective": policies.selective(["mm"])}
+    policy = chosen.get(policy, policy) if isinstance(policy, str) else policy
+    model = nnx.Sequential(nnx.Linear(3, 3, rngs=nnx.Rngs(0)), nnx.Linear(3, 3, rngs=nnx.Rngs(1)))
+    remat.apply_checkpointing(model, nnx.Linear, policy=policy)
+    x = jnp.ones((2, 3))
+    for clone in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        np.testing.assert_allclose(clone(x), model(x))
+        assert [p for p, _ in remat.checkpointed(clone)] == [p for p, _ in remat.checkpointed(model)]

@@ -28,3 +28,22 @@ def test_torch_is_pinned_only_by_the_constraints_file():
     assert re.search(r'torch = \["torch>=2\.\d+"\]', pyproject), "the extra must not pin a release"
     assert "torch==2.13.0" in (ROOT / "constraints" / "cpu.txt").read_text()
     assert "-c constraints/cpu.txt" in _setup_commands()[1]
+
+
+def test_readme_is_the_front_page():
+    """Under about 200 lines, linking every page of docs/; the rest lives in those pages."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200, "the README grew: move the new section into a page of docs/"
+    linked = set(re.findall(r"\]\((docs/[^)#]+\.md)", readme))
+    pages = {str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md") if p.name != "index.md"}
+    assert pages - linked == set(), "pages the README does not link"
+    assert linked - pages == set(), "README links to pages that do not exist"
+
+
+def test_the_site_opens_with_the_readme():
+    """docs/index.md includes the README's opening sections, so the two never differ."""
+    readme = (ROOT / "README.md").read_text()
+    index = (ROOT / "docs" / "index.md").read_text()
+    assert '--8<-- "README.md:front"' in index
+    front = readme.split("--8<-- [start:front]", 1)[1].split("--8<-- [end:front]", 1)[0]
+    assert _setup_commands()[1] in front and "## In one picture" in front

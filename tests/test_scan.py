@@ -19,7 +19,7 @@ from remat.scan import (
 )
 
 POLICIES = [
-    pytest.param("none", id="none"),
+    pytest.param("no_checkpoint", id="no_checkpoint"),
     pytest.param(None, id="None"),
     pytest.param("nothing", id="nothing"),
     pytest.param("dots", id="dots"),
@@ -160,7 +160,7 @@ def test_scan_checkpoint_far_below_unrolled_no_checkpoint():
     scanned = scan_temp(8, policy="nothing")
     # Measured: 7.0 MiB vs 13.2 MiB (0.53); the rest is one layer's backward, a constant.
     assert scanned < 0.6 * unrolled_none, (scanned, unrolled_none)
-    assert scan_temp(8, policy="none") > 2 * scanned  # the checkpoint is what saves it
+    assert scan_temp(8, policy="no_checkpoint") > 2 * scanned  # the checkpoint is what saves it
 
 
 def test_flat_scan_keeps_exactly_one_input_per_layer():
@@ -224,7 +224,7 @@ def _nnx_unrolled(layers, x, depth):
 @pytest.mark.parametrize("policy,nesting", [
     pytest.param("nothing", {}, id="nothing-nesting0"),
     pytest.param("dots", {}, id="dots-nesting1", marks=pytest.mark.slow),
-    pytest.param("none", {}, id="none-nesting2", marks=pytest.mark.slow),
+    pytest.param("no_checkpoint", {}, id="no_checkpoint-nesting2", marks=pytest.mark.slow),
     pytest.param("nothing", {"segments": 2}, id="nothing-nesting3", marks=pytest.mark.slow),
 ])
 def test_nnx_gradients_equal_unrolled(policy, nesting):
@@ -287,7 +287,7 @@ def _linen_block():
 @pytest.mark.parametrize("policy,nesting", [
     pytest.param("nothing", {}, id="nothing-nesting0", marks=pytest.mark.slow),
     pytest.param("dots", {}, id="dots-nesting1", marks=pytest.mark.slow),
-    pytest.param("none", {}, id="none-nesting2", marks=pytest.mark.slow),
+    pytest.param("no_checkpoint", {}, id="no_checkpoint-nesting2", marks=pytest.mark.slow),
     pytest.param("nothing", {"segments": 2}, id="nothing-nesting3"),
 ])
 def test_linen_gradients_equal_unrolled(policy, nesting):

@@ -32,6 +32,7 @@ from remat.scan import (
     schedule_recomputes,
     stack_nnx_layers,
 )
+from remat.scan.schedules import _capacity
 
 SCHEDULES_8 = [
     pytest.param({"segments": (8,)}, id="(8,)", marks=pytest.mark.slow),
@@ -98,7 +99,7 @@ def test_binomial_schedule_values():
             p = schedule_peak(s)
             # least peak: the binomial capacity C(p + l, l + 1) reaches depth, C(p - 1 + l, l + 1) does not
             if lv:
-                assert S._capacity(p, lv) >= depth > S._capacity(p - 1, lv)
+                assert _capacity(p, lv) >= depth > _capacity(p - 1, lv)
     # sqrt(2N) with one level, never worse than the best equal split
     for depth in (16, 36, 64, 100):
         k = S.best_segments(depth)
@@ -148,7 +149,7 @@ def test_bad_schedules_are_one_line_value_errors():
 # "nothing" on a 3-level schedule (unequal children, lone layers) in the fast suite; the
 # other forms and policies with the slow cases
 @pytest.mark.parametrize("policy", ["nothing", pytest.param("dots", marks=pytest.mark.slow),
-                                    pytest.param("none", marks=pytest.mark.slow)])
+                                    pytest.param("no_checkpoint", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("nesting", SCHEDULES_8)
 def test_schedule_gradients_equal_unrolled(policy, nesting):
     assert_scan_matches_unrolled(8, policy, nesting)

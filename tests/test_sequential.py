@@ -256,7 +256,6 @@ def test_bad_input(call, exc, fragments):
 
 # --- PyTorch parity -----------------------------------------------------------------------
 
-@pytest.mark.torch
 def test_segment_bounds_equal_pytorch_at_run_time(monkeypatch):
     torch = pytest.importorskip("torch")
     import torch.utils.checkpoint as tuc
@@ -301,10 +300,9 @@ def _torch_model(torch, sizes, seed=0):
     return torch.nn.Sequential(*mods)
 
 
-FAST_PARITY = {(False, 2)}  # one mechanism for both modes (README); the other cases slow
+FAST_PARITY = {(False, 2)}  # one mechanism for both modes (docs/pytorch.md); the other cases slow
 
 
-@pytest.mark.torch
 @pytest.mark.parametrize("use_reentrant,segments", [
     pytest.param(r, s, id=f"{r}-{s}", marks=() if (r, s) in FAST_PARITY else pytest.mark.slow)
     for r in (False, True) for s in (1, 2, 3, 5, 7)
@@ -366,7 +364,6 @@ def test_pytorch_parity(segments, use_reentrant):
         np.testing.assert_allclose(g["bias"][...], m.bias.grad.numpy(), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.torch
 def test_pytorch_rejects_what_we_reject():
     # the bounds on segments are PyTorch's too (it fails, less clearly, past them)
     torch = pytest.importorskip("torch")

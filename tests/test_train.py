@@ -83,7 +83,7 @@ def test_transformer_and_cnn_learn(capsys, model):
 @pytest.mark.slow
 def test_policies_change_memory_not_losses(capsys, mlp_run):
     ref = mlp_run["losses"][:6]
-    for policy in ("none", "dots", "names"):
+    for policy in ("no_checkpoint", "dots", "names"):
         d = train(capsys, "mlp", "--steps", "6", "--policy", policy, *TINY["mlp"])
         np.testing.assert_allclose(d["losses"], ref, rtol=1e-5, err_msg=policy)
 
@@ -161,9 +161,9 @@ BAD = [
     (["nope"], ["unknown model 'nope'", "mlp", "transformer", "cnn"]),
     (["my_models.py:"], ["malformed factory"]),
     (["no_such_file.py:build"], ["does not exist"]),
-    (["mlp", "--budget", "0"], ["(0, 1]"]),
-    (["mlp", "--budget", "1.5"], ["(0, 1]"]),
-    (["mlp", "--budget", "-0.2"], ["(0, 1]"]),
+    (["mlp", "--residual-budget", "0"], ["(0, 1]"]),
+    (["mlp", "--residual-budget", "1.5"], ["(0, 1]"]),
+    (["mlp", "--residual-budget", "-0.2"], ["(0, 1]"]),
     (["mlp", "--devices", "0"], ["--devices"]),
     (["mlp", "--devices", "3", "--batch-size", "32"], ["split evenly"]),
     (["mlp", "--steps", "0"], ["--steps"]),
@@ -196,8 +196,8 @@ def test_bad_input_is_one_line_exit_2(capsys, tmp_path, argv, fragments):
 
 
 def test_budget_trains_like_any_policy(capsys, mlp_run):
-    d = train(capsys, "mlp", "--steps", "3", "--budget", "0.5", *TINY["mlp"])
-    assert d["policy"] == "budget(0.5)"
+    d = train(capsys, "mlp", "--steps", "3", "--residual-budget", "0.5", *TINY["mlp"])
+    assert d["policy"] == "residual_budget(0.5)"
     np.testing.assert_allclose(d["losses"], mlp_run["losses"][:3], rtol=1e-5)
 
 

@@ -7,6 +7,7 @@ closes over the rest, which may then drive Python control flow.
 """
 from __future__ import annotations
 
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,57 @@ class _Static:
         return hash((_Static, self.value))
 
 
+# Values that are their own key: immutable, compared by value, and never equal to a value of
+# another of these types unless the type is part of the key (0 == False == 0.0).
+_VALUE_TYPES = (type(None), bool, int, str, bytes, type(Ellipsis), range, slice)
+# Code, keyed by identity as jax.checkpoint keys the function it wraps (a closure's captured
+# values are the function's own, as under jax.jit).
+_CODE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type)
+
+
+def cache_key(value: Any, *, by_identity: bool) -> Any:
+    """``value`` as part of a trace-cache key: equal keys mean the same trace.
+
+    The type is part of the key, as for ``jax.jit``'s static arguments, so ``0``, ``False``
+    and ``0.0`` (equal in Python) are told apart; floats are keyed by their bits, so ``-0.0``
+    and ``0.0`` are too. Containers are keyed element by element. An object whose class
+    defines ``__hash__`` is trusted to compare by value (frozen dataclasses, enums, dtypes).
+
+    Args:
+      value: a value that is not traced.
+      by_identity: how to key an object hashed by identity (a plain class instance, whose
+        attributes can change between calls): by identity, ``jax.jit``'s rule for
+        ``static_argnums``, or not at all.
+
+    Returns:
+      A hashable key.
+
+    Raises:
+      TypeError: ``value`` is unhashable, or hashed by identity and ``by_identity`` is
+        false: the call cannot be served from a cache and is traced afresh.
+    """
+    kind = type(value)
+    if kind in _VALUE_TYPES or isinstance(value, _CODE_TYPES):
+        return kind, value
+    if kind is float:
+        return kind, value.hex()
+    if kind is complex:
+        return kind, value.real.hex(), value.imag.hex()
+    if isinstance(value, (tuple, list)):
+        return kind, tuple(cache_key(v, by_identity=by_identity) for v in value)
+    if isinstance(value, dict):
+        return kind, tuple((cache_key(k, by_identity=by_identity), cache_key(v, by_identity=by_identity))
+                           for k, v in value.items())
+    if isinstance(value, (set, frozenset)):
+        return kind, frozenset(cache_key(v, by_identity=by_identity) for v in value)
+    if isinstance(value, types.MethodType):  # a bound method is as current as its object
+        return kind, value.__func__, cache_key(value.__self__, by_identity=by_identity)
+    if kind.__hash__ is object.__hash__ and not by_identity:
+        raise TypeError(f"{kind.__name__} is hashed by identity")
+    hash(value)
+    return kind, value
+
+
 def is_python_scalar(x: Any) -> bool:
     """Python ``bool``/``int``/``float``/``complex``: traced by ``jax.checkpoint``, weakly typed."""
     return isinstance(x, (bool, int, float, complex))
@@ -51,7 +103,8 @@ class SplitCall:
     """A call's arguments, split into traced leaves and what is needed to put them back.
 
     ``static_key`` identifies everything that is not traced (the tree structure and the
-    pass-through values); it is ``None`` when a pass-through value is not hashable.
+    pass-through values, see :func:`cache_key`); it is ``None`` when they cannot be keyed,
+    and the call is then traced afresh.
     ``prevent_cse`` holds one flag per traced leaf.
     """
 
@@ -64,7 +117,12 @@ class SplitCall:
     @property
     def static_key(self) -> Any:
         try:
-            key = (self.treedef, self.static, self.traced)
+            static = tuple(
+                None if t else ("static", cache_key(s.value, by_identity=True)) if isinstance(s, _Static)
+                else cache_key(s, by_identity=False)
+                for s, t in zip(self.static, self.traced)
+            )
+            key = (self.treedef, static, self.traced)
             hash(key)
         except TypeError:
             return None

@@ -1,113 +1,26 @@
 """``remat.checkpoint``: PyTorch's ``torch.utils.checkpoint.checkpoint`` for JAX and Flax.
 
-One normalisation step (:func:`normalize_options`: policy spelling -> JAX policy, PyTorch
-keywords -> their JAX meaning, bad combinations rejected once) and one dispatch
-(:func:`_run`: plain callable, Flax NNX module or method, Linen bound module or method,
-Linen class). The adapters in :mod:`remat._core.flax_adapters` never re-validate options.
+Its keywords are checked once (:mod:`remat._core.options`); every form then ends in the one
+dispatch, :func:`remat._core.dispatch.run_region`. The Linen class form
+(``checkpoint(nn.Dense)``) lives here, above the dispatch it calls.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import inspect
+from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-import jax
+import flax.linen as nn
 
 from remat._core import flax_adapters as _flax
-from remat._core.arguments import signature, split_call
-from remat._core.hooks import RegionChooser, current
-from remat._core.lowering import mark_region
-from remat._core.regions import (
-    CALL_SIGNATURE,
-    Region,
-    call_region,
-    checkpointed_caller,
-    count_scalar_variants,
-    interned,
-)
-from remat.policies import PolicySpec, is_no_checkpoint, policy_name, resolve_policy
+from remat._core.dispatch import run_region
+from remat._core.lowering import classic_checkpoint, mark_region
+from remat._core.options import KEYWORDS, CheckpointKeywords, CheckpointOptions, normalize_options
+from remat.policies import PolicySpec, is_no_checkpoint, resolve_policy
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-_DETERMINISM_CHECKS = ("default", "none")
-
-
-@dataclass(frozen=True)
-class CheckpointOptions:
-    """Validated options of one checkpointed region, in their JAX meaning."""
-
-    policy: Callable[..., Any] | None
-    policy_label: str
-    static_argnums: tuple[int, ...]
-    prevent_cse: bool | tuple[Any, ...]
-    debug: bool
-    trace_scalars: bool = False  # the decorator form traces Python numbers, as jax.checkpoint does
-    enabled: bool = True  # False: policy=NO_CHECKPOINT, the region runs as a plain call
-
-
-def normalize_options(
-    *,
-    use_reentrant: bool | None = None,
-    preserve_rng_state: bool = True,
-    determinism_check: str = "default",
-    debug: bool = False,
-    early_stop: bool = True,
-    context_fn: Any = None,
-    policy: PolicySpec = None,
-    static_argnums: int | tuple[int, ...] = (),
-    prevent_cse: bool | Sequence[Any] = True,
-) -> CheckpointOptions:
-    """Checks the keyword arguments of :func:`checkpoint` and maps them to JAX.
-
-    See :func:`checkpoint` for what each one means here. Raises ``TypeError`` or
-    ``ValueError`` with a one-line message naming the fix.
-    """
-    if context_fn is not None:
-        raise TypeError(
-            "context_fn has no meaning in JAX (there are no autograd contexts); choose what "
-            "to save with policy= instead, e.g. policy=remat.policies.selective([...])"
-        )
-    for name, value in (("preserve_rng_state", preserve_rng_state), ("debug", debug),
-                        ("early_stop", early_stop)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
-    if isinstance(prevent_cse, (list, tuple)):
-        prevent_cse = tuple(prevent_cse)
-        if not all(isinstance(f, bool) for f in jax.tree.leaves(prevent_cse)):
-            raise TypeError(f"prevent_cse must be a bool or a tuple (pytree prefix) of bools, got {prevent_cse!r}")
-    elif not isinstance(prevent_cse, bool):
-        raise TypeError(f"prevent_cse must be a bool or a tuple (pytree prefix) of bools, got {prevent_cse!r}")
-    if use_reentrant is not None and not isinstance(use_reentrant, bool):
-        raise TypeError(f"use_reentrant must be True, False or None, got {use_reentrant!r}")
-    if determinism_check not in _DETERMINISM_CHECKS:
-        raise ValueError(
-            f"determinism_check={determinism_check!r} is not supported; use one of "
-            f"{', '.join(map(repr, _DETERMINISM_CHECKS))}"
-        )
-    if isinstance(static_argnums, int):
-        static_argnums = (static_argnums,)
-    if not all(isinstance(i, int) and i >= 0 for i in static_argnums):
-        raise ValueError(f"static_argnums must be non-negative ints, got {static_argnums!r}")
-    enabled = not is_no_checkpoint(policy)
-    resolved = resolve_policy(policy) if enabled else None
-    if use_reentrant and (resolved is not None or debug):
-        # The same rule as PyTorch's: context_fn (our policy=) and debug need the
-        # non-reentrant variant, so code that runs here also runs there.
-        raise ValueError(
-            "policy= and debug=True need use_reentrant=False, as context_fn and debug do in "
-            "torch.utils.checkpoint; drop use_reentrant=True"
-        )
-    return CheckpointOptions(
-        policy=resolved,
-        policy_label=policy_name(policy),
-        static_argnums=tuple(sorted(set(static_argnums))),
-        prevent_cse=prevent_cse,
-        debug=debug,
-        enabled=enabled,
-    )
 
 
 @overload
@@ -118,21 +31,7 @@ def checkpoint(function: None = None, /, **options: Any) -> Callable[[F], F]: ..
 def checkpoint(function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any: ...
 
 
-def checkpoint(
-    function: Callable[..., Any] | None = None,
-    /,
-    *args: Any,
-    use_reentrant: bool | None = None,
-    preserve_rng_state: bool = True,
-    determinism_check: str = "default",
-    debug: bool = False,
-    early_stop: bool = True,
-    context_fn: Any = None,
-    policy: PolicySpec = None,
-    static_argnums: int | tuple[int, ...] = (),
-    prevent_cse: bool | Sequence[Any] = True,
-    **kwargs: Any,
-) -> Any:
+def checkpoint(function: Callable[..., Any] | None = None, /, *args: Any, **kwargs: Any) -> Any:
     """Runs ``function`` so that its backward pass recomputes activations instead of keeping them.
 
     Three uses, one function:
@@ -197,17 +96,8 @@ def checkpoint(
       >>> a, b = jnp.ones((3, 4)), jnp.full((3, 4), 2.0)
       >>> grad_a = jax.grad(lambda a: checkpoint(my_computation, a, b).sum())(a)
     """
-    opts = normalize_options(
-        use_reentrant=use_reentrant,
-        preserve_rng_state=preserve_rng_state,
-        determinism_check=determinism_check,
-        debug=debug,
-        early_stop=early_stop,
-        context_fn=context_fn,
-        policy=policy,
-        static_argnums=static_argnums,
-        prevent_cse=prevent_cse,
-    )
+    # the keywords of remat._core.options.KEYWORDS are checkpoint's; the others are function's
+    opts = normalize_options(**{name: kwargs.pop(name) for name in KEYWORDS if name in kwargs})
     if function is None:
         if args or kwargs:  # checkpoint(None, x): a missing function, not the decorator form
             _check_callable(function)
@@ -219,11 +109,11 @@ def checkpoint(
                 f"{function.__name__} is a Linen Module class: use "
                 f"checkpoint({function.__name__})(...) to build the rematerialized module"
             )
-        return _flax.linen_remat_class(function, opts, _run)
+        return linen_class(function, opts)
     _check_callable(function)
     if not args and not kwargs:
         return _wrap(function, opts)
-    return _run(function, opts, args, kwargs)
+    return run_region(function, opts, args, kwargs)
 
 
 def rematerialized(fn: Callable[..., Any], policy: PolicySpec, *, prevent_cse: bool = True) -> Callable[..., Any]:
@@ -234,7 +124,7 @@ def rematerialized(fn: Callable[..., Any], policy: PolicySpec, *, prevent_cse: b
     """
     if is_no_checkpoint(policy):
         return fn
-    return jax.checkpoint(fn, policy=mark_region(resolve_policy(policy)), prevent_cse=prevent_cse)
+    return classic_checkpoint(fn, policy=mark_region(resolve_policy(policy)), prevent_cse=prevent_cse)
 
 
 def _check_callable(function: Any) -> None:
@@ -249,108 +139,50 @@ def _check_callable(function: Any) -> None:
 def _wrap(function: Callable[..., Any], opts: CheckpointOptions) -> Callable[..., Any]:
     """The decorator form: a function with ``function``'s signature that checkpoints each call."""
     if _flax.is_linen_class(function):
-        return _flax.linen_remat_class(function, opts, _run)
+        return linen_class(function, opts)
     _check_callable(function)
 
     opts = dataclasses.replace(opts, trace_scalars=True)
 
     @functools.wraps(function)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        return _run(function, opts, args, kwargs)
+        return run_region(function, opts, args, kwargs)
 
     return _flax.linen_method(checkpointed)
 
 
+def linen_class(cls: type[nn.Module], opts: CheckpointOptions) -> type[nn.Module]:
+    """``checkpoint(nn.Dense)``: a subclass whose ``__call__`` is one checkpointed region.
 
-def _run(function: Callable[..., Any], opts: CheckpointOptions, args: tuple, kwargs: dict) -> Any:
-    """Evaluates ``function(*args, **kwargs)`` as one checkpointed region."""
-    if not opts.enabled:  # policy=NO_CHECKPOINT: not a region at all, so no planner sees it
-        return function(*args, **kwargs)
-    decide = current().region  # a planner re-deciding this region (remat._core.hooks)
-    if decide is not None:
-        opts = decide(opts)
-        if opts is None:
-            return function(*args, **kwargs)
-    if opts.static_argnums and max(opts.static_argnums) >= len(args):
-        raise ValueError(
-            f"static_argnums={opts.static_argnums} names a position beyond the "
-            f"{len(args)} positional argument(s) given"
-        )
-    while isinstance(function, functools.partial):
-        # partial(self.block, mask=m): its arguments are call arguments like any other (traced
-        # when arrays), so the module behind .func is found and lifted as without partial
-        bound_args = function.args
-        args, kwargs = bound_args + tuple(args), {**function.keywords, **kwargs}
-        function = function.func
-        if opts.static_argnums and bound_args:
-            opts = dataclasses.replace(
-                opts, static_argnums=tuple(i + len(bound_args) for i in opts.static_argnums)
-            )
-    linen_module = _flax.linen_owner(function, args)
-    if linen_module is not None:
-        if isinstance(opts.policy, RegionChooser):
-            raise TypeError(
-                "policy=budget(...) works for JAX functions and Flax NNX modules; for a Linen "
-                "module pick a named policy (remat plan shows which one fits your budget)"
-            )
-        return _flax.linen_call(function, linen_module, opts, args, kwargs)
+    Unlike ``nn.remat(cls)`` (whose class is named ``CheckpointDense``, so auto-named
+    parameters move from ``Dense_0`` to ``CheckpointDense_0``), the class keeps its name
+    and so the parameter tree is unchanged; non-array call arguments pass through untraced.
+    """
+    # static_argnums count self as position 0, as nn.remat's do; the bound __call__ does not
+    if 0 in opts.static_argnums:
+        raise ValueError(f"checkpoint({cls.__name__}, static_argnums=...): position 0 is self; "
+                         "the call arguments start at 1, as in nn.remat")
+    opts = dataclasses.replace(opts, trace_scalars=True,
+                               static_argnums=tuple(i - 1 for i in opts.static_argnums))
 
-    call = split_call(args, kwargs, opts.static_argnums, trace_scalars=opts.trace_scalars,
-                      prevent_cse=opts.prevent_cse)
-    # The module, the method's owner, or the modules a closure captured: nnx.remat inputs.
-    bound = _flax.nnx_bound(function)
-    nodes, rebind = bound if bound is not None else ([], None)
-    graph_nodes = list(nodes) + [x for x in call.dynamic if _flax.is_nnx_node(x)]
-    nnx_mode = None if not graph_nodes else "in place" if _flax.nnx_in_place(graph_nodes) else "changed only"
-    if not opts.trace_scalars:
-        count_scalar_variants(function, call)
-    key = None if call.static_key is None else (_flax.function_key(function), call.static_key, len(nodes))
-    region = interned(Region(function, rebind, len(nodes), call, key))
-    inputs = list(nodes) + call.dynamic
-    flags = (True,) * len(nodes) + call.prevent_cse
-    prevent_cse = flags[0] if flags and all(f == flags[0] for f in flags) else flags
+    @_flax.linen_method
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return run_region(cls.__call__.__get__(self), opts, args, kwargs)
 
-    def remat_with(policy: Any) -> Callable[..., Any]:
-        return functools.partial(checkpointed_caller(policy, prevent_cse, nnx_mode), region)
-
-    sig = signature(inputs)
-    token = CALL_SIGNATURE.set(sig)
-    try:
-        policy = opts.policy
-        if isinstance(policy, RegionChooser):  # e.g. a residual budget: per region, from the inputs
-            policy = policy.choose_policy(remat_with, inputs)
-        if opts.debug:
-            _print_debug_report(function, functools.partial(call_region, region), remat_with(policy),
-                                inputs, opts)
-        outputs = remat_with(policy)(*inputs)
-        if not region.store.has(sig):
-            # JAX served a trace made for an equal region that has since left the intern
-            # table: trace this one afresh, under a region no cache knows.
-            region = Region(function, rebind, len(nodes), call, None)
-            outputs = remat_with(policy)(*inputs)
-    finally:
-        CALL_SIGNATURE.reset(token)
-    return region.store.unpack(outputs, sig)
+    # run_region sees a bound method of a Linen module and lifts it over the module's scope,
+    # applying the original (un-overridden) __call__ to the lifted copy. As nn.remat's class
+    # does, this __call__ escapes Linen's method handler (linen_method), so setup() runs
+    # once, inside the innermost region, however many times the class is checkpointed.
+    return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__})
 
 
-
-def _print_debug_report(function, region, remat_region, inputs, opts: CheckpointOptions) -> None:
-    """``debug=True``: what the backward pass keeps, and what is recomputed instead."""
-    from remat._core.residuals import saved_residuals
-
-    name = getattr(function, "__qualname__", type(function).__name__)
-    try:
-        kept = saved_residuals(remat_region, *inputs)
-        plain = saved_residuals(region, *inputs)
-        recomputed = plain.residual_bytes - kept.residual_bytes
-        report = (
-            f"remat.checkpoint(debug=True) {name}, policy={opts.policy_label}:\n"
-            f"  kept for the backward pass: {len(kept)} value(s), {kept.total_bytes} bytes\n"
-            f"  without checkpoint it would keep: {len(plain)} value(s), {plain.total_bytes} bytes\n"
-            f"  recomputed instead of kept: {max(recomputed, 0)} bytes\n"
-            + "\n".join("  " + line for line in str(kept).splitlines())
-        )
-    except Exception as e:  # a report must never break the computation it describes
-        print(f"remat.checkpoint(debug=True) {name}: no report ({type(e).__name__}: {e})", file=sys.stderr)
-        return
-    print(report, file=sys.stderr)
+# help(remat.checkpoint) and inspect.signature show its keywords, as torch's checkpoint does; the
+# list itself lives once, in CheckpointKeywords.
+checkpoint.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+    inspect.Parameter("function", inspect.Parameter.POSITIONAL_ONLY, default=None),
+    inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+    *(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+      for f in dataclasses.fields(CheckpointKeywords)),
+    inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
+])

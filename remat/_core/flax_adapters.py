@@ -1,6 +1,6 @@
 """Flax adapters: NNX modules and methods through ``nnx.remat``, Linen through ``nn.checkpoint``.
 
-Options arrive validated (:class:`remat._core.checkpoint.CheckpointOptions`); nothing here
+Options arrive validated (:class:`remat._core.options.CheckpointOptions`); nothing here
 re-checks them. The lifted transforms carry module state and RNG streams into the
 region, which is why Dropout recomputes the very same mask on the backward pass.
 """
@@ -9,16 +9,14 @@ from __future__ import annotations
 import inspect
 import types
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeGuard
 
 import flax.linen as nn
 from flax import nnx
 
 from remat._core.arguments import OutputStore, is_nnx_node, split_call
-from remat._core.lowering import mark_region
-
-if TYPE_CHECKING:
-    from remat._core.checkpoint import CheckpointOptions
+from remat._core.lowering import classic_remat, mark_region
+from remat._core.options import CheckpointOptions
 
 __all__ = ["is_nnx_node"]
 
@@ -38,14 +36,18 @@ def nnx_owner(function: Any) -> nnx.Module | None:
     return _module_of(function, nnx.Module)
 
 
-def function_key(function: Any) -> Any:
-    """What identifies ``function``'s trace: for an NNX module or method its class or
-    method, since the module itself (its state) is an input of the region."""
+def function_anchor(function: Any) -> tuple[Any, str]:
+    """What a region's trace cache is tied to, and the kind of call.
+
+    For an NNX module or bound method it is the class or the method's function, because
+    the module itself (its state) is an input of the region; for anything else it is the
+    callable object itself, as for ``jax.checkpoint``.
+    """
     if isinstance(function, nnx.Module):
-        return ("nnx.Module", type(function))
+        return type(function), "nnx.Module"
     if nnx_owner(function) is not None:
-        return ("nnx.Module method", function.__func__)
-    return function
+        return function.__func__, "nnx.Module method"
+    return function, "callable"
 
 
 def nnx_bound(function: Any) -> tuple[list[Any], Callable[[Sequence[Any]], Callable[..., Any]]] | None:
@@ -112,7 +114,7 @@ def captured(
 
 def nnx_remat(fn: Callable[..., Any], *, policy: Any, prevent_cse: bool | tuple,
               in_place: bool) -> Callable[..., Any]:
-    """``nnx.remat(fn)`` with ``fn``'s first argument static.
+    """``nnx.remat(fn)``.
 
     ``in_place``: the nodes belong to the current trace (eager code, or inside an nnx
     transform), so every update is written back as ``nnx.remat`` does, attributes and
@@ -120,7 +122,7 @@ def nnx_remat(fn: Callable[..., Any], *, policy: Any, prevent_cse: bool | tuple,
     outside it) ``nnx.remat``'s tree mode writes back only the Variables the region changed:
     the untouched parameters are never written, so the modules stay valid.
     """
-    return nnx.remat(fn, static_argnums=(0,), policy=mark_region(policy), prevent_cse=prevent_cse,
+    return nnx.remat(fn, policy=mark_region(policy), prevent_cse=prevent_cse,
                      graph_updates=None if in_place else False)
 
 
@@ -131,7 +133,7 @@ def nnx_in_place(nodes: Sequence[Any]) -> bool:
 
 # --- Linen -----------------------------------------------------------------------------
 
-def is_linen_class(obj: Any) -> bool:
+def is_linen_class(obj: Any) -> TypeGuard[type[nn.Module]]:
     return isinstance(obj, type) and issubclass(obj, nn.Module)
 
 
@@ -190,6 +192,10 @@ def linen_call(function: Any, module: nn.Module, opts: CheckpointOptions, args: 
     call = split_call(call_args, kwargs, static, trace_scalars=opts.trace_scalars)
     store = OutputStore()
 
+    # Marked as its own handler (linen_method), so the lift runs no setup() on the copy: what
+    # the region calls (the module, its method, a submodule) sets the copy up when it needs
+    # to, as in nn.remat's lifted class, and a region inside a region sets it up only once.
+    @linen_method
     def region(mdl: nn.Module, *dynamic: Any) -> Any:
         a, k = call.rebuild(dynamic)
         if lifted_first_arg:
@@ -202,8 +208,9 @@ def linen_call(function: Any, module: nn.Module, opts: CheckpointOptions, args: 
             out = function.__func__(mdl, *a, **k)  # the method, applied to the lifted copy
         return store.pack(out, None)
 
-    lifted = nn.checkpoint(region, policy=mark_region(opts.policy), prevent_cse=_linen_cse(opts, call))
-    return store.unpack(lifted(module, *call.dynamic), None)
+    with classic_remat():
+        lifted = nn.checkpoint(region, policy=mark_region(opts.policy), prevent_cse=_linen_cse(opts, call))
+        return store.unpack(lifted(module, *call.dynamic), None)
 
 
 def linen_method(checkpointed: Callable[..., Any]) -> Callable[..., Any]:
@@ -243,8 +250,9 @@ def linen_call_children(
         return store.pack(body(mine, call.rebuild(dynamic)[0][0]), None)
 
     call = split_call((x,), {}, ())
-    lifted = nn.checkpoint(region, policy=mark_region(opts.policy), prevent_cse=_linen_cse(opts, call))
-    return store.unpack(lifted(parent, *call.dynamic), None)
+    with classic_remat():
+        lifted = nn.checkpoint(region, policy=mark_region(opts.policy), prevent_cse=_linen_cse(opts, call))
+        return store.unpack(lifted(parent, *call.dynamic), None)
 
 
 def _linen_cse(opts: CheckpointOptions, call: Any) -> bool:
@@ -270,29 +278,3 @@ def _follow(module: nn.Module, path: tuple[str, int | None]) -> nn.Module:
     name, index = path
     value = getattr(module, name)
     return value if index is None else value[index]
-
-
-def linen_remat_class(cls: type[nn.Module], opts: CheckpointOptions, run: Callable[..., Any]) -> type[nn.Module]:
-    """``checkpoint(nn.Dense)``: a subclass whose ``__call__`` is one checkpointed region.
-
-    Unlike ``nn.remat(cls)`` (whose class is named ``CheckpointDense``, so auto-named
-    parameters move from ``Dense_0`` to ``CheckpointDense_0``), the class keeps its name
-    and so the parameter tree is unchanged; non-array call arguments pass through untraced.
-    """
-    import dataclasses
-
-    # static_argnums count self as position 0, as nn.remat's do; the bound __call__ does not
-    if 0 in opts.static_argnums:
-        raise ValueError(f"checkpoint({cls.__name__}, static_argnums=...): position 0 is self; "
-                         "the call arguments start at 1, as in nn.remat")
-    opts = dataclasses.replace(opts, trace_scalars=True,
-                               static_argnums=tuple(i - 1 for i in opts.static_argnums))
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return run(cls.__call__.__get__(self), opts, args, kwargs)
-
-    # ``run`` (the one dispatch, remat._core.checkpoint._run) sees a bound method of a
-    # Linen module and lifts it over the module's scope, applying the original
-    # (un-overridden) __call__ to the lifted copy.
-    return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
-                                       "__qualname__": cls.__qualname__})

@@ -16,18 +16,28 @@ operands include the cotangent and whose predicate XLA cannot fold. A conditiona
 instruction to the scheduler, so nothing in it can start before the cotangent exists.
 Every other ``checkpoint`` equation, and any program without remat regions, lowers through
 JAX's own rule unchanged. The rule is registered on the first remat region, not on import.
+
+JAX 0.10's ``jax_remat3`` (off by default) makes ``jax.checkpoint`` emit a different construct,
+whose backward recomputation sits behind a bare barrier that XLA:CPU deletes, so the savings
+vanish. remat's own regions are therefore built and traced under :func:`classic_remat`: the
+setting is switched off for remat's calls only (a thread-local JAX config context, never the
+process-wide value), so every remat region is a ``checkpoint`` equation whatever the user's
+setting, and the rule above applies to it. Code outside remat's regions is left as configured.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from remat import _jax
 
-__all__ = ["RegionPolicy", "mark_region", "install_cpu_lowering"]
+__all__ = ["RegionPolicy", "classic_checkpoint", "classic_remat", "in_classic_remat", "install_cpu_lowering",
+           "mark_region"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +61,34 @@ def mark_region(policy: Callable[..., Any] | None) -> RegionPolicy:
     """``policy`` wrapped as a :class:`RegionPolicy` (once), after installing the CPU rule."""
     install_cpu_lowering()
     return policy if isinstance(policy, RegionPolicy) else RegionPolicy(policy)
+
+
+@contextlib.contextmanager
+def classic_remat() -> Iterator[None]:
+    """JAX's ``checkpoint`` primitive for the regions built and traced inside, under ``jax_remat3`` too."""
+    setting = _jax.remat3_setting()  # JAX releases before remat3 have one kind
+    with contextlib.nullcontext() if setting is None else setting(False):
+        yield
+
+
+def classic_checkpoint(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+    """``jax.checkpoint(fn, **options)``, built and called under :func:`classic_remat`."""
+    import jax
+
+    with classic_remat():
+        checkpointed = jax.checkpoint(fn, **options)
+    return in_classic_remat(checkpointed)
+
+
+def in_classic_remat(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, called under :func:`classic_remat` (for lifted transforms built at call time)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with classic_remat():
+            return fn(*args, **kwargs)
+
+    return call
 
 
 _installed = False

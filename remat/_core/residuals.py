@@ -150,15 +150,33 @@ class ResidualReport:
         return "\n".join(lines)
 
 
+def itemsize(dtype: Any) -> int:
+    """Bytes per element of any dtype JAX has, as ``jax.Array.nbytes`` counts them.
+
+    Extended dtypes (typed PRNG keys) have no NumPy dtype but carry an itemsize; ``float0``
+    has none (0 bytes); sub-byte types (``int4``) take a byte each.
+    """
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:  # an extended dtype (a PRNG key)
+        pass
+    return int(getattr(dtype, "itemsize", 0) or 0)
+
+
+def aval_nbytes(aval: Any) -> int:
+    """Bytes of one abstract value (0 for a value without a shape)."""
+    shape = getattr(aval, "shape", None)
+    return 0 if shape is None else int(math.prod(shape)) * itemsize(getattr(aval, "dtype", np.float32))
+
+
 def _aval_fields(aval: Any) -> tuple[tuple[int, ...], str, int]:
     shape = tuple(int(d) for d in getattr(aval, "shape", ()))
-    raw = getattr(aval, "dtype", np.float32)
+    dtype = getattr(aval, "dtype", np.float32)
     try:
-        dtype = np.dtype(raw)
-    except TypeError:  # an extended dtype (a PRNG key): no NumPy dtype; JAX's has an itemsize
-        dtype = raw
-    itemsize = getattr(dtype, "itemsize", 0) or 0
-    return shape, str(dtype), int(math.prod(shape)) * int(itemsize)
+        name = str(np.dtype(dtype))
+    except TypeError:  # an extended dtype (a PRNG key)
+        name = str(dtype)
+    return shape, name, aval_nbytes(aval)
 
 
 def _memory_space(aval: Any) -> str | None:

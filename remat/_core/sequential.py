@@ -1,7 +1,6 @@
 """``checkpoint_sequential``: PyTorch's function, with PyTorch's exact segmentation."""
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -9,11 +8,12 @@ import flax.linen as nn
 from flax import nnx
 
 from remat._core import flax_adapters as _flax
-from remat._core.checkpoint import _run, normalize_options
+from remat._core.dispatch import run_region
 from remat._core.hooks import current
+from remat._core.options import KEYWORDS, normalize_options
 
 # The options of remat.checkpoint that checkpoint_sequential passes on (not static_argnums).
-_OPTION_NAMES = frozenset(inspect.signature(normalize_options).parameters) - {"use_reentrant", "static_argnums"}
+_OPTION_NAMES = frozenset(KEYWORDS) - {"use_reentrant", "static_argnums"}
 
 __all__ = ["checkpoint_sequential", "segment_bounds"]
 
@@ -115,7 +115,7 @@ def checkpoint_sequential(
         else:
             # the chunk is an argument: NNX modules in it carry their state into the region,
             # and equal chunks of plain functions share one trace
-            input = _run(_run_chunk, opts, (chunk, input), {})
+            input = run_region(_run_chunk, opts, (chunk, input), {})
     last = bounds[-1][1] if bounds else 0
     return _run_chunk(layers[last:], input)
 

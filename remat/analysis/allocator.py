@@ -5,7 +5,7 @@ with ``malloc`` on every execution and frees it at the end. glibc serves blocks 
 mmap threshold (at most 32 MiB) with a fresh ``mmap`` and returns them with ``munmap``, so
 every step touches, faults in and zeroes every page of that buffer again. The cost grows
 with the buffer, which punishes exactly the programs that keep more activations, so that
-keeping more can stop paying (the README gives measured step times).
+keeping more can stop paying (docs/memory.md gives measured step times).
 
 :func:`keep_freed_memory` tells glibc (through ``mallopt``) to serve every block from the
 heap and never to give freed memory back to the kernel, the way PyTorch's caching

@@ -5,7 +5,7 @@
 region it keeps at most half of what the backward pass would keep from inside the
 region without checkpointing (the region's own inputs are always kept and not counted),
 and within that limit it keeps the values that are most expensive to recompute.
-``budget(0)`` behaves like ``"nothing"`` and ``budget(1)`` like ``"everything"``.
+``residual_budget(0)`` behaves like ``"nothing"`` and ``residual_budget(1)`` like ``"everything"``.
 
 How a region's choice is made (once per region structure and input shapes; regions of
 identical structure, such as the blocks of a transformer, share it):
@@ -37,10 +37,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from remat._core.hooks import RegionChooser
-from remat._core.residuals import format_bytes, saved_residuals
+from remat._core.residuals import aval_nbytes, format_bytes, itemsize, saved_residuals
 
 # Recompute-cost rates (FLOP/s for matmul-like work, bytes/s for memory-bound work);
 # calibrate() replaces them with figures measured on this machine.
@@ -48,12 +46,12 @@ _RATES = {"flops_per_s": 2.0e10, "bytes_per_s": 5.0e9}  # until calibrate() meas
 _calibrated = False
 
 
-__all__ = ["Budget", "BudgetChoice", "Candidate", "budget", "calibrate", "calibrate_once", "knapsack", "op_cost",
-           "rates"]
+__all__ = ["KeepChosen", "KeepableOp", "ResidualBudget", "ResidualBudgetChoice", "calibrate", "calibrate_once",
+           "knapsack", "op_cost", "rates", "residual_budget"]
 
 
 @dataclasses.dataclass(frozen=True)
-class Candidate:
+class KeepableOp:
     """One kind of operation the policy may keep (all alike operations of a region)."""
 
     key: tuple
@@ -68,14 +66,14 @@ class Candidate:
 
 
 @dataclasses.dataclass(frozen=True)
-class BudgetChoice:
+class ResidualBudgetChoice:
     """What a budget kept for one region, and why."""
 
     limit_bytes: int
     baseline_bytes: int  # kept from inside the region without checkpointing
     kept_bytes: int  # measured, with the choice applied
-    kept: tuple[Candidate, ...]
-    dropped: tuple[Candidate, ...]
+    kept: tuple[KeepableOp, ...]
+    dropped: tuple[KeepableOp, ...]
     method: str  # "exact", "greedy", "nothing" or "everything"
     policy: Callable[..., Any] | None = dataclasses.field(repr=False, compare=False)
 
@@ -100,28 +98,37 @@ class BudgetChoice:
         return "\n".join(lines)
 
 
-class Budget(RegionChooser):
-    """``policy=budget(fraction)`` or ``policy=budget(bytes=N)``; see :func:`budget`."""
+class ResidualBudget(RegionChooser):
+    """``policy=residual_budget(fraction)`` or ``policy=residual_budget(bytes=N)``; see :func:`residual_budget`."""
 
     def __init__(self, fraction: float | None = None, *, bytes: int | None = None, exact_limit: int = 24):
         if (fraction is None) == (bytes is None):
-            raise ValueError("budget() takes a fraction in [0, 1] or bytes=N, exactly one of them")
+            raise ValueError("residual_budget() takes a fraction in [0, 1] or bytes=N, exactly one of them")
         if fraction is not None:
             if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or math.isnan(fraction) \
                     or not 0.0 <= fraction <= 1.0:
-                raise ValueError(f"budget fraction must be a number in [0, 1], got {fraction!r}")
+                raise ValueError(f"residual_budget fraction must be a number in [0, 1], got {fraction!r}")
             fraction = float(fraction)
         if bytes is not None and (isinstance(bytes, bool) or not isinstance(bytes, int) or bytes < 0):
-            raise ValueError(f"budget(bytes=...) must be a non-negative int, got {bytes!r}")
+            raise ValueError(f"residual_budget(bytes=...) must be a non-negative int, got {bytes!r}")
         self.fraction = fraction
         self.bytes = bytes
         self.exact_limit = exact_limit
-        self.last_choice: BudgetChoice | None = None
-        self._cache: dict[tuple, BudgetChoice] = {}
-        self.__name__ = f"budget({fraction})" if fraction is not None else f"budget(bytes={bytes})"
+        self.last_choice: ResidualBudgetChoice | None = None
+        self._cache: dict[tuple, ResidualBudgetChoice] = {}
+        self.__name__ = f"residual_budget({fraction})" if fraction is not None else f"residual_budget(bytes={bytes})"
 
     def __repr__(self) -> str:
         return self.__name__
+
+    def __eq__(self, other: object) -> bool:  # a value: equal budgets share traces
+        return isinstance(other, ResidualBudget) and self._limits() == other._limits()
+
+    def __hash__(self) -> int:
+        return hash(self._limits())
+
+    def _limits(self) -> tuple:
+        return self.fraction, self.bytes, self.exact_limit
 
     def __call__(self, prim: Any, *avals: Any, **params: Any) -> bool:
         raise TypeError(
@@ -133,7 +140,7 @@ class Budget(RegionChooser):
         """The JAX policy for one region (:class:`remat._core.hooks.RegionChooser`)."""
         return self.choose(remat_with, inputs).policy
 
-    def choose(self, remat_with: Callable[[Any], Callable[..., Any]], inputs: Sequence[Any]) -> BudgetChoice:
+    def choose(self, remat_with: Callable[[Any], Callable[..., Any]], inputs: Sequence[Any]) -> ResidualBudgetChoice:
         """Picks what to keep for one region.
 
         Args:
@@ -141,7 +148,7 @@ class Budget(RegionChooser):
           inputs: the region's traced inputs.
 
         Returns:
-          A :class:`BudgetChoice` whose ``policy`` is a plain JAX policy.
+          A :class:`ResidualBudgetChoice` whose ``policy`` is a plain JAX policy.
         """
         calls: list[tuple[tuple, Any, tuple, dict]] = []
 
@@ -158,15 +165,16 @@ class Budget(RegionChooser):
             return self.last_choice
         candidates = _candidates(calls)
         if limit >= everything:
-            choice = BudgetChoice(limit, everything, everything, tuple(candidates), (), "everything", _everything)
+            choice = ResidualBudgetChoice(limit, everything, everything, tuple(candidates), (), "everything",
+                                          _everything)
         else:
             choice = self._solve(remat_with, inputs, candidates, limit, everything, saved_residuals)
         self._cache[cache_key] = choice
         self.last_choice = choice
         return choice
 
-    def _solve(self, remat_with, inputs, candidates, limit, everything, saved_residuals) -> BudgetChoice:
-        def measure(chosen: list[Candidate]) -> int:
+    def _solve(self, remat_with, inputs, candidates, limit, everything, saved_residuals) -> ResidualBudgetChoice:
+        def measure(chosen: list[KeepableOp]) -> int:
             if not chosen:
                 return saved_residuals(remat_with(None), *inputs).residual_bytes
             return saved_residuals(remat_with(_policy_for(chosen)), *inputs).residual_bytes
@@ -189,11 +197,11 @@ class Budget(RegionChooser):
                     kept = trial
         method = method if chosen else "nothing"
         dropped = tuple(c for c in candidates if c not in chosen)
-        return BudgetChoice(limit, everything, kept, tuple(chosen), dropped, method,
+        return ResidualBudgetChoice(limit, everything, kept, tuple(chosen), dropped, method,
                             _policy_for(chosen) if chosen else None)
 
 
-def budget(fraction: float | None = None, *, bytes: int | None = None) -> Budget:
+def residual_budget(fraction: float | None = None, *, bytes: int | None = None) -> ResidualBudget:
     """A policy that keeps the dearest-to-recompute values within a memory limit.
 
     Args:
@@ -203,8 +211,8 @@ def budget(fraction: float | None = None, *, bytes: int | None = None) -> Budget
       bytes: the same limit as an absolute number of bytes per region.
 
     Returns:
-      A :class:`Budget`, usable as ``policy=``; after a call its ``last_choice``
-      (a :class:`BudgetChoice`) says what was kept and dropped, with bytes and costs.
+      A :class:`ResidualBudget`, usable as ``policy=``; after a call its ``last_choice``
+      (a :class:`ResidualBudgetChoice`) says what was kept and dropped, with bytes and costs.
 
     Raises:
       ValueError: a fraction outside [0, 1] or NaN, a negative byte count, or both/neither.
@@ -215,7 +223,7 @@ def budget(fraction: float | None = None, *, bytes: int | None = None) -> Budget
       >>> f = lambda w, x: jnp.tanh(jnp.tanh(x @ w) @ w).sum()
       >>> g = jax.grad(lambda w: remat.checkpoint(f, w, jnp.ones((4, 8)), policy=p))(jnp.eye(8))
     """
-    return Budget(fraction, bytes=bytes)
+    return ResidualBudget(fraction, bytes=bytes)
 
 
 def knapsack(weights: Sequence[int], values: Sequence[float], capacity: int, *,
@@ -289,17 +297,17 @@ def calibrate_once() -> dict[str, float]:
 
 def op_cost(primitive: str, avals: Sequence[Any], params: dict, out_bytes: int) -> float:
     """Estimated seconds to recompute one operation (the cost model of the knapsack)."""
-    in_bytes = sum(_nbytes(a) for a in avals)
+    in_bytes = sum(aval_nbytes(a) for a in avals)
     seconds = (in_bytes + out_bytes) / _RATES["bytes_per_s"]
     if primitive == "dot_general" and len(avals) >= 2:
         (lhs_contract, _), _ = params["dimension_numbers"]
         k = math.prod(avals[0].shape[d] for d in lhs_contract)
-        out_elems = out_bytes // max(np.dtype(avals[0].dtype).itemsize, 1)
+        out_elems = out_bytes // max(itemsize(avals[0].dtype), 1)
         seconds += 2 * out_elems * k / _RATES["flops_per_s"]
     elif primitive == "conv_general_dilated" and len(avals) >= 2:
         rhs = avals[1]
         groups = params.get("feature_group_count", 1) or 1
-        out_elems = out_bytes // max(np.dtype(avals[0].dtype).itemsize, 1)
+        out_elems = out_bytes // max(itemsize(avals[0].dtype), 1)
         kernel_elems = math.prod(rhs.shape)
         out_features = rhs.shape[params["dimension_numbers"].rhs_spec[0]] if params.get("dimension_numbers") else 1
         seconds += 2 * out_elems * kernel_elems / max(out_features * groups, 1) * groups / _RATES["flops_per_s"]
@@ -310,13 +318,6 @@ def op_cost(primitive: str, avals: Sequence[Any], params: dict, out_bytes: int) 
 
 def _everything(prim: Any, *avals: Any, **params: Any) -> bool:
     return True
-
-
-def _nbytes(aval: Any) -> int:
-    shape = getattr(aval, "shape", None)
-    if shape is None:
-        return 0
-    return math.prod(shape) * np.dtype(aval.dtype).itemsize
 
 
 def _shapes(inputs: Sequence[Any]) -> tuple:
@@ -345,26 +346,34 @@ def _out_bytes(prim: Any, avals: Sequence[Any], params: dict) -> int:
         out = prim.abstract_eval(*avals, **params)
         out = out[0] if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], (set, frozenset)) else out
         outs = out if prim.multiple_results else [out]
-        return sum(_nbytes(o) for o in outs)
+        return sum(aval_nbytes(o) for o in outs)
     except Exception:  # an unusual primitive: its largest input is a fair stand-in
-        return max((_nbytes(a) for a in avals), default=0)
+        return max((aval_nbytes(a) for a in avals), default=0)
 
 
-def _candidates(calls: list[tuple[tuple, Any, tuple, dict]]) -> list[Candidate]:
+def _candidates(calls: list[tuple[tuple, Any, tuple, dict]]) -> list[KeepableOp]:
     groups: dict[tuple, list] = {}
     for key, prim, avals, params in calls:
         groups.setdefault(key, [prim, avals, params, 0])[3] += 1
     out = []
     for key, (prim, avals, params, count) in groups.items():
         each = _out_bytes(prim, avals, params)
-        out.append(Candidate(key, prim.name, count, each * count, op_cost(prim.name, avals, params, each) * count))
+        out.append(KeepableOp(key, prim.name, count, each * count, op_cost(prim.name, avals, params, each) * count))
     return out
 
 
-def _policy_for(chosen: Sequence[Candidate]) -> Callable[..., bool]:
-    keys = frozenset(c.key for c in chosen)
+@dataclasses.dataclass(frozen=True)
+class KeepChosen:
+    """The JAX policy of one region's choice: keep the operations whose key is in ``keys``."""
 
-    def budget_choice(prim, *avals, **params):
-        return _op_key(prim, avals, params) in keys
+    keys: frozenset
 
-    return budget_choice
+    def __call__(self, prim: Any, *avals: Any, **params: Any) -> bool:
+        return _op_key(prim, avals, params) in self.keys
+
+    def __repr__(self) -> str:
+        return f"residual_budget choice ({len(self.keys)} kinds of operation kept)"
+
+
+def _policy_for(chosen: Sequence[KeepableOp]) -> KeepChosen:
+    return KeepChosen(frozenset(c.key for c in chosen))

@@ -21,7 +21,7 @@ DEFAULT_POLICIES: tuple[str, ...] = POLICY_NAMES
 
 
 def with_policy(fn: Callable, policy: Any) -> Callable:
-    """``fn`` checkpointed under ``policy``; ``NO_CHECKPOINT`` (or ``"none"``) means not checkpointed.
+    """``fn`` checkpointed under ``policy``; ``NO_CHECKPOINT`` means not checkpointed.
 
     The helper a policy-parametrised model uses so :func:`compare_policies` can switch
     checkpointing off as one of the options.

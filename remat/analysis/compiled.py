@@ -133,8 +133,9 @@ def compiled_memory(
 
     Returns:
       A :class:`CompiledMemory`. ``temp_bytes`` is the number to compare between
-      checkpoint policies. On XLA:CPU it depends on the scheduler flag that
-      ``import remat`` sets (see :mod:`remat._xla_flags`).
+      checkpoint policies. On XLA:CPU it depends on where the scheduler places the
+      recomputation, which remat's regions tie to their cotangent (see
+      :mod:`remat._core.lowering`).
 
     Example:
       >>> import jax.numpy as jnp

@@ -78,22 +78,23 @@ def flag(option: str) -> str:
     return "--" + option.replace("_", "-")
 
 
-def build_task(args: Any, *, policy: str | None = None, budget: float | None = None) -> Any:
+def build_task(args: Any, *, policy: str | None = None, residual_budget: float | None = None) -> Any:
     """:func:`remat.models.tasks.make_task` from the parsed ``MODEL``, ``--seed`` and size flags.
 
-    ``policy`` and ``budget`` are passed apart: ``remat plan``'s ``--budget`` is a memory
-    budget, not the task's. A :class:`~remat.models.tasks.TaskError` becomes a
-    :class:`UsageError` that names the flags. With ``--checkpoint CLASSNAME`` the model is
-    built without its own checkpoints and :func:`remat.apply_checkpointing` checkpoints the
-    modules of those classes instead, with ``policy`` or ``budget``.
+    ``policy`` and ``residual_budget`` (a fraction of each region's residual bytes) are
+    passed apart: ``remat plan``'s ``--memory-budget`` bounds the whole step, not the task.
+    A :class:`~remat.models.tasks.TaskError` becomes a :class:`UsageError` that names the
+    flags. With ``--checkpoint CLASSNAME`` the model is built without its own checkpoints
+    and :func:`remat.apply_checkpointing` checkpoints the modules of those classes instead,
+    with ``policy`` or ``residual_budget``.
     """
     from remat.models.tasks import TaskError, make_task
 
     classes = getattr(args, "checkpoint", None)
     try:
         if not classes:
-            return make_task(args.model, seed=args.seed, policy=policy, budget=budget, depth=args.depth,
-                             width=args.width, seq_len=args.seq_len, batch_size=args.batch_size)
+            return make_task(args.model, seed=args.seed, policy=policy, residual_budget=residual_budget,
+                             depth=args.depth, width=args.width, seq_len=args.seq_len, batch_size=args.batch_size)
         from remat.models import MODELS
 
         own = "no_checkpoint" if args.model in MODELS else None  # a factory's model stays as built
@@ -101,7 +102,7 @@ def build_task(args: Any, *, policy: str | None = None, budget: float | None = N
                          seq_len=args.seq_len, batch_size=args.batch_size)
     except TaskError as e:
         raise UsageError(e.spelled(flag)) from None
-    _apply_checkpoint_flags(task, classes, getattr(args, "checkpoint_every", None) or 1, policy, budget)
+    _apply_checkpoint_flags(task, classes, getattr(args, "checkpoint_every", None) or 1, policy, residual_budget)
     return task
 
 
@@ -123,11 +124,11 @@ def validate_checkpoint_flags(args: Any) -> None:
 
 
 def _apply_checkpoint_flags(task: Any, classes: list[str], every: int, policy: str | None,
-                            budget: float | None) -> None:
+                            residual_budget: float | None) -> None:
     """Checkpoints the task's modules of ``classes``; a class the model lacks is a usage error."""
     from flax import nnx
 
-    from remat import apply_checkpointing
+    from remat import apply_checkpointing, checkpointed
     from remat._names import is_no_checkpoint
     from remat.models import MODELS
 
@@ -136,10 +137,10 @@ def _apply_checkpoint_flags(task: Any, classes: list[str], every: int, policy: s
     if missing:
         raise UsageError(f"--checkpoint {missing[0]}: {task.name} has no module of that class; its classes are "
                          f"{', '.join(sorted(present))}")
-    if budget is not None:
-        from remat.analysis.budget import budget as residual_budget
+    if residual_budget is not None:
+        from remat.analysis.budget import residual_budget as make_budget
 
-        spec, label = residual_budget(budget), f"budget({budget})"
+        spec, label = make_budget(residual_budget), f"residual_budget({residual_budget})"
     elif policy == "names":
         entry = MODELS.get(task.name)
         names = entry.checkpoint_names if entry else tuple(getattr(task.model, "checkpoint_names", ()))
@@ -149,5 +150,5 @@ def _apply_checkpoint_flags(task: Any, classes: list[str], every: int, policy: s
     else:
         spec, label = policy, policy or "nothing"
     wanted = set(classes)
-    paths = apply_checkpointing(task.model, lambda path, m: type(m).__name__ in wanted, policy=spec, every=every)
-    task.policy = f"{label} on {len(paths)} {'/'.join(classes)} (apply_checkpointing)"
+    apply_checkpointing(task.model, lambda path, m: type(m).__name__ in wanted, policy=spec, every=every)
+    task.policy = f"{label} on {len(checkpointed(task.model))} {'/'.join(classes)} (apply_checkpointing)"

@@ -95,7 +95,7 @@ def _main(args: argparse.Namespace) -> int:
 
     from remat.analysis.process import current_rss_bytes, process_peak_rss_bytes
 
-    task = build_task(args, policy=args.policy, budget=args.budget)
+    task = build_task(args, policy=args.policy, residual_budget=args.residual_budget)
     if task.batch_size % n_dev:
         raise UsageError(f"batch size {task.batch_size} does not split evenly over {n_dev} devices; "
                          f"use a multiple of {n_dev} (--batch-size) or other --devices")

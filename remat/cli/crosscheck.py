@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from remat._names import CROSSCHECK_OPTIMIZERS, NO_CHECKPOINT_ALIAS, POLICY_NAMES, is_no_checkpoint
+from remat._names import CROSSCHECK_OPTIMIZERS, POLICY_NAMES, is_no_checkpoint
 from remat.cli._common import EXIT_CHECK_FAILED, EXIT_OK, UsageError, print_json, print_table
 
 HELP = "compare gradients and training of a Flax model against its PyTorch twin"
 EXAMPLE = "remat crosscheck transformer --policy dots --dtype float64 --steps 3"
 
-POLICIES = (*POLICY_NAMES, NO_CHECKPOINT_ALIAS, "names")  # names: the model's tagged values
+POLICIES = (*POLICY_NAMES, "names")  # names: the model's tagged values
 OPTIMIZERS = CROSSCHECK_OPTIMIZERS
 
 
@@ -33,7 +33,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "resnet: HuggingFace twins) or path/to/file.py:factory")
     parser.add_argument("--policy", default="nothing", choices=POLICIES,
                         help="remat policy in every block ('names': the model's tagged names; "
-                             "no_checkpoint' (or 'none'): no checkpointing). Default: nothing (PyTorch's behaviour)")
+                             "'no_checkpoint': no checkpointing). Default: nothing (PyTorch's behaviour)")
     parser.add_argument("--blocks", default="all",
                         help="which blocks to checkpoint: 'all' or indices like 0,2 (built-in models)")
     parser.add_argument("--checkpoint", action="append", default=None, metavar="CLASSNAME",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from remat._names import NO_CHECKPOINT, NO_CHECKPOINT_ALIAS, POLICY_NAMES, is_no_checkpoint
+from remat._names import NO_CHECKPOINT, POLICY_NAMES, is_no_checkpoint
 from remat.cli._common import (
     EXIT_OK,
     UsageError,
@@ -33,7 +33,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_checkpoint_flags(parser, every_aliases=("--every",))
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
                         help=f"comma-separated policies to compare (default {DEFAULT_POLICIES}); "
-                             f"'{NO_CHECKPOINT}' (or '{NO_CHECKPOINT_ALIAS}') = no checkpoint")
+                             f"'{NO_CHECKPOINT}' = no checkpoint")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per policy, median reported (default 5)")
     parser.add_argument("--plot", metavar="FILE", default=None, help="also write a PNG of memory vs step time")
     add_keep_freed_memory_flag(parser)
@@ -42,7 +42,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _policies(spec: str) -> tuple[str, ...]:
     names = tuple(p.strip() for p in spec.split(",") if p.strip())
-    valid = (*POLICY_NAMES, NO_CHECKPOINT_ALIAS)
+    valid = POLICY_NAMES
     bad = [p for p in names if p not in valid]
     if not names or bad:
         raise UsageError(f"--policies {spec!r}: unknown {bad or 'empty list'}; use a comma list of {', '.join(valid)}")

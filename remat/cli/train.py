@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from remat._names import NO_CHECKPOINT_ALIAS, POLICY_NAMES
+from remat._names import POLICY_NAMES
 from remat.cli._common import (
     UsageError,
     add_checkpoint_flags,
@@ -22,7 +22,7 @@ from remat.cli._common import (
 HELP = "train a model with activation checkpointing, on one device or many, with save/resume"
 EXAMPLE = "remat train transformer --steps 200 --policy dots --devices 4 --save-dir runs/t --plot loss.png"
 
-POLICIES = (*POLICY_NAMES, NO_CHECKPOINT_ALIAS, "names")  # names: the model's tagged values
+POLICIES = (*POLICY_NAMES, "names")  # names: the model's tagged values
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
@@ -47,12 +47,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="learning rate (default 0.1 for sgd, 3e-3 for adam/adamw)")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--policy", choices=POLICIES, default=None,
-                       help="remat policy for every block: no_checkpoint (or none) = no checkpointing, "
+                       help="remat policy for every block: no_checkpoint = no checkpointing, "
                             "nothing = save only the block inputs (torch.utils.checkpoint), everything, dots, "
                             "dots_no_batch, names = the values the model tags (default: nothing)")
-    group.add_argument("--residual-budget", "--budget", dest="budget", type=float, default=None, metavar="F",
+    group.add_argument("--residual-budget", dest="residual_budget", type=float, default=None, metavar="F",
                        help="per block, keep at most this fraction (0 < F <= 1) of its residual bytes "
-                            "(remat.residual_budget; --budget is the older spelling)")
+                            "(remat.residual_budget)")
     add_checkpoint_flags(parser, every_aliases=("--every",))
     parser.add_argument("--depth", type=int, default=None, help="number of blocks (built-in models)")
     parser.add_argument("--width", type=int, default=None,
@@ -86,9 +86,9 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.lr is not None and not args.lr > 0:
         raise UsageError(f"--lr must be positive, got {args.lr}")
-    if args.budget is not None and not 0 < args.budget <= 1:
+    if args.residual_budget is not None and not 0 < args.residual_budget <= 1:
         raise UsageError(f"--residual-budget must be in (0, 1] (a fraction of each block's residual bytes to keep), "
-                         f"got {args.budget}")
+                         f"got {args.residual_budget}")
     if args.devices is not None and args.devices < 1:
         raise UsageError(f"--devices must be at least 1, got {args.devices}")
     if args.devices is not None and args.batch_size is not None and args.batch_size % args.devices:

@@ -45,7 +45,7 @@ from typing import Any
 from remat import scan as _scan
 from remat._core.apply import region_paths  # noqa: F401  (re-exported: the module each planned region is)
 from remat.analysis import saved_residuals
-from remat.analysis.budget import Budget, calibrate_once
+from remat.analysis.budget import ResidualBudget, calibrate_once
 from remat.analysis.compiled import CompiledMemory
 from remat.planner.programs import (  # noqa: F401  (re-exported)
     _predicted_ms,
@@ -283,7 +283,7 @@ def plan(
     for p in policies if n else ():
         requests.append(_request(f"all: {policy_name(p)}", (p,) * n))
     for f in budget_fractions if n else ():
-        requests.append(_request(f"all: budget({f})", (Budget(f),) * n))
+        requests.append(_request(f"all: residual_budget({f})", (ResidualBudget(f),) * n))
     # the values the model's author tagged with checkpoint_name: all of them, and each
     # alone while there are few (a tag marks a value worth keeping, e.g. an attention
     # output that is costly to recompute and small to keep)

@@ -51,7 +51,7 @@ Memory, for a depth-N stack with activations of size ``A`` per layer input:
   the start), for a few input-sized copies per child. Where the layer inputs are
   large next to the parameters, each level lowers compiled temp memory further
   (``tests/test_scan_schedules.py`` checks flat > equal groups > ``levels=1`` >
-  ``levels=2`` at depth 32; the README lists the figures).
+  ``levels=2`` at depth 32; docs/memory.md lists the figures).
 
   Unequal children cut the stacked parameters with ``lax.split``, whose backward
   concatenates the children's parameter gradients: a temp buffer about the size of the
@@ -75,7 +75,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from remat.scan.layers import resolve_policy_spec, scan_layers
+from remat.scan.layers import scan_layers
 from remat.scan.nnx import scan_nnx_layers, stack_nnx_layers
 from remat.scan.schedules import (
     Schedule,
@@ -84,14 +84,12 @@ from remat.scan.schedules import (
     schedule_peak,
     schedule_recomputes,
 )
-from remat.scan.schedules import _capacity as _capacity  # tests check the binomial bound with it
 
 __all__ = [
     "LinenScanLayers",
     "Schedule",
     "best_segments",
     "binomial_schedule",
-    "resolve_policy_spec",
     "scan_layers",
     "scan_nnx_layers",
     "schedule_peak",

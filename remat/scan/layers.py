@@ -9,15 +9,10 @@ from jax import lax
 
 from remat._core.checkpoint import rematerialized
 from remat._core.hooks import current
-from remat._core.lowering import mark_region
-from remat.policies import resolve_policy
+from remat._core.lowering import classic_checkpoint, mark_region
 from remat.scan.schedules import Schedule, _check_groups, _groups, _schedule_depth
 
-__all__ = ["resolve_policy_spec", "scan_layers"]
-
-
-#: The policy resolver of :mod:`remat.policies`, under the name this module gave it before.
-resolve_policy_spec = resolve_policy
+__all__ = ["scan_layers"]
 
 
 def _maybe_checkpoint(fn: Callable, policy: Any) -> Callable:
@@ -102,13 +97,13 @@ def _run_schedule(schedule: Schedule, step: Callable, params: Any, x: Any, unrol
         if count == 1:
             # A lone child, checkpointed. Two things keep its recomputation in its own
             # backward step: prevent_cse=True keeps the barrier that ties it to its
-            # cotangent (see remat._xla_flags), and the cond (whose predicate XLA cannot
+            # cotangent (see remat._core.lowering), and the cond (whose predicate XLA cannot
             # fold; both branches are the child) scopes the buffers of the recomputed
             # scan to the branch. Without the cond, XLA:CPU allocates every child's
             # stacked layer inputs at the start of the program and keeps them all:
             # measured (9, 7) at depth 16: 23.5 layer inputs of temp memory against 15-17.
-            ck = jax.checkpoint(lambda h, p, child=child: _run_schedule(child, step, p, h, unroll),
-                                prevent_cse=True, policy=mark_region(None))
+            ck = classic_checkpoint(lambda h, p, child=child: _run_schedule(child, step, p, h, unroll),
+                                    prevent_cse=True, policy=mark_region(None))
             x, y = lax.cond(_opaque_true(), ck, ck, x, piece)
         else:
             x, y = _run_groups(child, count, step, piece, x, unroll)
@@ -127,7 +122,7 @@ def _run_groups(child: Schedule, count: int, step: Callable, params: Any, x: Any
     # The group keeps only its input ("nothing"): any policy that saved more would keep
     # per-layer values of every group and undo the sqrt(N) saving. Inside a scan XLA
     # cannot hoist the recomputation, so the barriers of prevent_cse=True would only cost.
-    x, y = lax.scan(jax.checkpoint(group, prevent_cse=False), x, grouped)
+    x, y = lax.scan(classic_checkpoint(group, prevent_cse=False), x, grouped)
     return x, jax.tree.map(lambda a: a.reshape(count * n, *a.shape[2:]), y)
 
 
@@ -177,7 +172,7 @@ def scan_layers(
         shapes and dtypes the layer preserves.
       params: a pytree whose leaves all have the same leading axis N (the depth).
       x: the input of the first layer.
-      policy: checkpoint policy of each layer: ``"none"`` (no checkpoint), ``None`` or
+      policy: checkpoint policy of each layer: ``"no_checkpoint"``, ``None`` or
         ``"nothing"`` (keep only layer inputs), ``"dots"``, ``"dots_no_batch"``,
         ``"everything"``, a list of checkpoint names, or a callable JAX policy.
       segments: nest. An int ``k``: split the N layers into ``k`` equal groups (``k``

@@ -11,6 +11,7 @@ from typing import Any
 import flax.linen as nn
 from flax.core import FrozenDict
 
+from remat._core.lowering import classic_remat
 from remat.policies import is_no_checkpoint, resolve_policy
 from remat.scan.schedules import _num_segments
 
@@ -40,7 +41,7 @@ class LinenScanLayers(nn.Module):
       layer_cls: a Linen module class whose ``__call__(x)`` returns an ``x``-like value.
       depth: number of layers.
       layer_kwargs: constructor arguments of ``layer_cls``.
-      policy: per-layer checkpoint policy (as in :func:`scan_layers`; ``"none"``
+      policy: per-layer checkpoint policy (as in :func:`scan_layers`; ``"no_checkpoint"``
         disables per-layer checkpointing).
       segments: number of equal checkpointed groups (must divide ``depth``). Schedule
         tuples (unequal groups) are not supported here (a ValueError says so); use
@@ -73,24 +74,26 @@ class LinenScanLayers(nn.Module):
                 f"LinenScanLayers(segments={self.segments!r}): Linen takes only None or an int "
                 "number of equal groups; for an unequal schedule use scan_layers or scan_nnx_layers"
             )
-        k = _num_segments(self.depth, self.segments, self.nested)
-        cell = _linen_cell(self.layer_cls)
-        if not is_no_checkpoint(self.policy):
-            cell = nn.remat(cell, policy=resolve_policy(self.policy), prevent_cse=False)
-        scan = lambda target, length: nn.scan(  # noqa: E731
-            target, variable_axes={"params": 0}, split_rngs={"params": True}, length=length
-        )
-        kwargs = dict(self.layer_kwargs)
-        if k is None:
-            out, _ = scan(cell, self.depth)(name="layers", **kwargs)(x, None)
+        # built and traced as JAX's checkpoint primitive also under jax_remat3 (remat._core.lowering)
+        with classic_remat():
+            k = _num_segments(self.depth, self.segments, self.nested)
+            cell = _linen_cell(self.layer_cls)
+            if not is_no_checkpoint(self.policy):
+                cell = nn.remat(cell, policy=resolve_policy(self.policy), prevent_cse=False)
+            scan = lambda target, length: nn.scan(  # noqa: E731
+                target, variable_axes={"params": 0}, split_rngs={"params": True}, length=length
+            )
+            kwargs = dict(self.layer_kwargs)
+            if k is None:
+                out, _ = scan(cell, self.depth)(name="layers", **kwargs)(x, None)
+                return out
+            inner = scan(cell, self.depth // k)
+
+            class Group(nn.Module):
+                @nn.compact
+                def __call__(self, h, _):
+                    h, _ = inner(name="layers", **kwargs)(h, None)
+                    return h, None
+
+            out, _ = scan(nn.remat(Group, prevent_cse=False), k)(name="groups")(x, None)
             return out
-        inner = scan(cell, self.depth // k)
-
-        class Group(nn.Module):
-            @nn.compact
-            def __call__(self, h, _):
-                h, _ = inner(name="layers", **kwargs)(h, None)
-                return h, None
-
-        out, _ = scan(nn.remat(Group, prevent_cse=False), k)(name="groups")(x, None)
-        return out

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 from remat.torch.checkpoint import torch_checkpoint
 from remat.torch.gradients import compare_gradients
-from remat.torch.harness import _jit  # noqa: F401  (tests/test_models.py: remat.crosscheck._jit)
 from remat.torch.layouts import LAYOUTS, LayoutWarning
 from remat.torch.lazy import TORCH_MISSING
 from remat.torch.pytrees import PytreeModel, as_nnx

@@ -64,3 +64,78 @@ class LinenMixer(nn.Module):
         for _ in range(self.depth):
             x = LinenBlock(self.width)(x, deterministic)
         return nn.Dense(self.out_dim)(jnp.tanh(x))
+
+
+class EncoderDecoder(nnx.Module):
+    """:class:`MixerBlock` s in an encoder and a decoder, with ``encode`` and ``decode`` entry points."""
+
+    def __init__(self, width: int, depth: int, *, rngs: nnx.Rngs):
+        self.embed = nnx.Linear(16, width, rngs=rngs)
+        self.encoder = nnx.List([MixerBlock(width, rngs=rngs) for _ in range(depth)])
+        self.decoder = nnx.List([MixerBlock(width, rngs=rngs) for _ in range(depth)])
+        self.head = nnx.Linear(width, 8, rngs=rngs)
+
+    def encode(self, x: jax.Array) -> jax.Array:
+        h = self.embed(x)
+        for block in self.encoder:
+            h = block(h)
+        return h
+
+    def decode(self, h: jax.Array) -> jax.Array:
+        for block in self.decoder:
+            h = block(h)
+        return self.head(jnp.tanh(h))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.decode(self.encode(x))
+
+
+class TiedLM(nnx.Module):
+    """A language model whose output layer is its embedding's ``attend``, as tied-weight models have."""
+
+    def __init__(self, vocab: int, width: int, *, rngs: nnx.Rngs):
+        self.embed = nnx.Embed(vocab, width, rngs=rngs)
+        self.block = MixerBlock(width, rngs=rngs)
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        return self.embed.attend(self.block(self.embed(ids)))
+
+
+class LinenEncoderDecoder(nn.Module):
+    """:class:`LinenBlock` s (from ``setup``) in an encoder and a decoder, with ``encode`` and
+    ``decode`` entry points, as Flax's WMT model has."""
+
+    width: int = 16
+    depth: int = 2
+
+    def setup(self) -> None:
+        self.embed = nn.Dense(self.width)
+        self.encoder = [LinenBlock(self.width) for _ in range(self.depth)]
+        self.decoder = [LinenBlock(self.width) for _ in range(self.depth)]
+        self.head = nn.Dense(8)
+
+    def encode(self, x: jax.Array) -> jax.Array:
+        h = self.embed(x)
+        for block in self.encoder:
+            h = block(h)
+        return h
+
+    def decode(self, h: jax.Array) -> jax.Array:
+        for block in self.decoder:
+            h = block(h)
+        return self.head(jnp.tanh(h))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.decode(self.encode(x))
+
+
+class LinenTiedLM(nn.Module):
+    """:class:`TiedLM` in Linen: the output layer is ``nn.Embed.attend``."""
+
+    vocab: int = 32
+    width: int = 16
+
+    @nn.compact
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        embed = nn.Embed(self.vocab, self.width)
+        return embed.attend(LinenBlock(self.width)(embed(ids)))

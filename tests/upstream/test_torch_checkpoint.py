@@ -26,7 +26,7 @@ Translation conventions:
   the backward pass recomputes (``_recomputed``), and the regions the backward pass runs
   rematerialized are the ``remat`` equations with ``differentiated=True``.
 * Memory: ``remat.analysis.saved_residuals`` lists what the backward pass keeps.
-* Where torch's contract and remat's documented one differ on purpose (README table
+* Where torch's contract and remat's documented one differ on purpose (docs/pytorch.md table
   "PyTorch <-> remat"), the test asserts remat's and says so.
 """
 from __future__ import annotations
@@ -249,7 +249,7 @@ class TestCheckpoint:
             assert m.counter == 1
         # ... and the equivalent structural fact is in the gradient's jaxpr: the backward
         # pass of modules[:5] runs as one rematerialized region holding their five ops,
-        # modules[5:] as plain operations (use_reentrant=True rematerializes too: README).
+        # modules[5:] as plain operations (use_reentrant=True rematerializes too: docs/pytorch.md).
         regions = _remat_regions(jax.make_jaxpr(jax.grad(loss))(input_var).jaxpr)
         assert len(regions) == 1
         assert _prims(regions[0])["mul"] == 5
@@ -266,7 +266,7 @@ class TestCheckpoint:
         # torch.autograd.grad(outputs=[out], grad_outputs=[ones(1, 5)], inputs=[input_var],
         # create_graph=True) is jax.vjp with respect to the input, the model held fixed.
         # torch raises "torch.utils.checkpoint is incompatible" for use_reentrant=True
-        # here; remat documents that True and False both give exact gradients (README
+        # here; remat documents that True and False both give exact gradients (docs/pytorch.md
         # table), so both values must work and agree with the un-checkpointed model.
 
         def plain(x):
@@ -418,7 +418,7 @@ class TestCheckpoint:
     def test_checkpoint_not_preserve_rng_state_and_without_reentrant(self):
         # torch runs this on an accelerator only; JAX has one RNG semantics on every
         # device, so it runs here. "This should run without error" -- and remat documents
-        # that preserve_rng_state=False cannot change results (README table), so the
+        # that preserve_rng_state=False cannot change results (docs/pytorch.md table), so the
         # gradient equals the preserve_rng_state=True one and the un-checkpointed one.
         inp = _randn(0, 2)
         g_false = self._dropout_grads(inp, 7, True, use_reentrant=False, preserve_rng_state=False)
@@ -512,7 +512,7 @@ class TestCheckpoint:
         input_var2 = _randn(3, 1, 4)  # requires_grad=True
         # torch's reentrant variant raises "none of output has requires_grad=True, this
         # checkpoint() is not necessary". remat documents that use_reentrant=True is the
-        # same exact mechanism as False (README table), so the gradient with respect to
+        # same exact mechanism as False (docs/pytorch.md table), so the gradient with respect to
         # the unused input is simply zero.
         g2 = jax.grad(lambda b: remat.checkpoint(run_fn2, input_var, b, use_reentrant=True).sum())(input_var2)
         _close(g2, jnp.zeros_like(input_var2))
@@ -729,7 +729,7 @@ class TestAutograd:
         mem_no_reentrant_checkpoint = activation_bytes(True, False)
         assert mem_reentrant_checkpoint < mem_no_checkpoint
         assert mem_no_reentrant_checkpoint < mem_no_checkpoint
-        # remat: both use_reentrant values rematerialize the same way (README table)
+        # remat: both use_reentrant values rematerialize the same way (docs/pytorch.md table)
         assert mem_reentrant_checkpoint == mem_no_reentrant_checkpoint
 
     # torch test/test_autograd.py TestAutograd.test_checkpointing_without_reentrant_custom_function_works
@@ -773,7 +773,7 @@ class TestAutograd:
     def test_checkpointing_without_reentrant_with_context_fn(self):
         # torch records the dispatched operators through TorchDispatchModes returned by
         # context_fn. remat documents that context_fn itself raises a TypeError that
-        # points to policy= (README table), for either use_reentrant value (torch raises
+        # points to policy= (docs/pytorch.md table), for either use_reentrant value (torch raises
         # for use_reentrant=True too: "only supported when use_reentrant=False").
         x = jnp.float32(1.0)
 
@@ -794,7 +794,7 @@ class TestAutograd:
             remat.checkpoint(lambda x: x, a, use_reentrant=False)
         assert not [m for m in w if "use_reentrant" in str(m.message)]
         # torch warns when use_reentrant is left out, because its default is going to
-        # change. remat has one mechanism and documents None as the default (README
+        # change. remat has one mechanism and documents None as the default (docs/pytorch.md
         # table, checkpoint docstring), so leaving it out has nothing to warn about.
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
@@ -829,7 +829,7 @@ class TestAutograd:
     # torch test/test_autograd.py TestAutograd.test_checkpoint_detects_non_determinism
     def test_checkpoint_detects_non_determinism(self, capsys):
         # torch raises when the recomputation saves a different number, shape or dtype of
-        # tensors than the forward pass. remat documents (README table,
+        # tensors than the forward pass. remat documents (docs/pytorch.md table,
         # determinism_check) that the recomputation replays the very program traced for
         # the forward pass: a Python function that changes between calls cannot make the
         # two differ, so nothing raises, the function is traced once, and the gradient is
@@ -879,7 +879,7 @@ class TestAutograd:
 
         # debug=True: torch turns the error into a detailed one ("You are seeing this
         # error because you passed `debug=True`"). remat's debug=True prints, at trace
-        # time, what the backward pass keeps (README table); still nothing raises, and
+        # time, what the backward pass keeps (docs/pytorch.md table); still nothing raises, and
         # the gradient belongs to the forward pass that was run. (set_checkpoint_debug_enabled
         # has no remat counterpart; the per-call flag is the only switch.)
         capsys.readouterr()
@@ -947,7 +947,7 @@ class TestAutograd:
         # torch: torch.autograd.grad through a reentrant checkpoint raises
         # "torch.utils.checkpoint is incompatible", and the error must not leave state
         # behind for the next backward. remat documents that use_reentrant=True gives
-        # exact gradients under any JAX transformation (README table): jax.grad (the
+        # exact gradients under any JAX transformation (docs/pytorch.md table): jax.grad (the
         # torch.autograd.grad call) works, and so does the next one.
         g1 = jax.grad(lambda a: remat.checkpoint(jnp.exp, a, use_reentrant=True).sum())(a)
         g2 = jax.grad(lambda a: remat.checkpoint(jnp.exp, a, use_reentrant=True).sum())(a)
@@ -970,7 +970,7 @@ class TestAutograd:
         graphdef, state = nnx.split(module)
         a = _randn(1, 2, 2)
         # torch's reentrant variant raises "none of output has requires_grad=True"; remat
-        # documents one exact mechanism for both values (README table), so both run.
+        # documents one exact mechanism for both values (docs/pytorch.md table), so both run.
         for _ in range(3):
 
             def loss(a):
@@ -1126,7 +1126,7 @@ class TestAutogradDeviceType:
 class TestNestedCheckpoint:
     # torch sets early stopping with the torch.utils.checkpoint.set_checkpoint_early_stop
     # context manager; remat has no global switch, so the parametrized value goes to each
-    # call's early_stop= keyword (accepted, README table).
+    # call's early_stop= keyword (accepted, docs/pytorch.md table).
 
     @staticmethod
     def grad(fn):
@@ -1297,7 +1297,7 @@ class TestNestedCheckpoint:
         # (early_stop=False; the set_checkpoint_early_stop context manager and its
         # nesting/precedence have no remat counterpart). remat documents that XLA removes
         # any recomputation the backward pass does not need, whatever early_stop says
-        # (README table, checkpoint docstring): the clone is never recomputed.
+        # (docs/pytorch.md table, checkpoint docstring): the clone is never recomputed.
         for kwargs in ({}, {"early_stop": False}, {"early_stop": True}):
             fn = make_fn()
 
@@ -1353,7 +1353,7 @@ class TestNestedCheckpoint:
 
 class TestSelectiveActivationCheckpoint:
     # create_selective_checkpoint_contexts(ops_or_policy_fn) -> remat.policies.selective(...)
-    # (passed as policy=, README table). A policy function gets the JAX primitive's name
+    # (passed as policy=, docs/pytorch.md table). A policy function gets the JAX primitive's name
     # instead of (ctx, torch op): torch.ops.aten.mm.default is "dot_general" there.
 
     # torch test/test_autograd.py TestSelectiveActivationCheckpoint.test_flops_and_mem
@@ -1463,7 +1463,7 @@ class TestSelectiveActivationCheckpoint:
     # torch test/test_autograd.py TestSelectiveActivationCheckpoint.test_bad_inputs
     def test_bad_inputs(self):
         # create_selective_checkpoint_contexts can be called on its own; so must
-        # selective() be, straight after `import remat` (the README builds a policy before
+        # selective() be, straight after `import remat` (docs/policies.md builds a policy before
         # any checkpoint call). A fresh interpreter shows it: in this process other
         # imports have long been made.
         problems = []  # every check runs; the test reports all that fail
@@ -1603,7 +1603,7 @@ class TestSelectiveActivationCheckpoint:
         # When SAC is enabled, the op is not computed a second time. torch registers a
         # custom op "mylib::sin_with_extra" returning (tensor, int) and saves it by op.
         # In JAX an operation of one's own is identified by a checkpoint_name, and
-        # policy=[names] saves values so named (README policies table).
+        # policy=[names] saves values so named (docs/policies.md table).
         counter = [0]
 
         def sin_with_extra(x):
