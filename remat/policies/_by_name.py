@@ -23,15 +23,33 @@ def _listed(names: frozenset[str]) -> str:
     return ", ".join(repr(n) for n in sorted(names))
 
 
+@dataclasses.dataclass(frozen=True)
+class SaveNames:
+    """Keeps only the values tagged with one of ``names``; :func:`save_names` before JAX 0.10.2."""
+
+    names: frozenset[str]
+
+    def __call__(self, prim: Any, *_: Any, **params: Any) -> bool:
+        # jax.checkpoint_policies.save_only_these_names, as a value
+        return _jax.is_name_primitive(prim) and params["name"] in self.names
+
+    def __repr__(self) -> str:
+        return f"save_names({_listed(self.names)})"
+
+
 def save_names(*names: str) -> Any:
     """Keeps only values tagged with one of ``names`` via :func:`remat.checkpoint_name`.
 
-    JAX's own ``save_only_these_names`` policy (a frozen dataclass: equal names, equal policies).
+    JAX's own ``save_only_these_names`` policy, a frozen dataclass from JAX 0.10.2 on
+    (equal names, equal policies; JAX's remat3 knows it); on older JAX, whose policy is a
+    closure, the equivalent :class:`SaveNames`.
 
     Example:
       >>> p = save_names("attn_out", "mlp_in")
     """
-    return _jcp.save_only_these_names(*sorted(_names(names, "save_names")))
+    names = _names(names, "save_names")
+    policy = _jcp.save_only_these_names(*sorted(names))
+    return policy if dataclasses.is_dataclass(policy) else SaveNames(names)
 
 
 @dataclasses.dataclass(frozen=True)
