@@ -23,6 +23,7 @@ import numpy as np
 
 import remat
 from benchmarks.cases import JAX_VARIANTS, PLAN_VARIANTS, Built, remat_settings, segments_for
+from remat import _jax
 from remat.analysis import compiled_step
 
 
@@ -180,11 +181,9 @@ def _data_dependent_vars(jaxpr: Any, data_invars: list) -> set:
     Nested jaxprs (jit, custom_jvp, scan, checkpoint) count as one equation whose outputs
     all depend on the batch when any input does (an over-estimate, never an under-).
     """
-    from jax._src import core
-
     data = set(data_invars)
     for eqn in jaxpr.eqns:
-        if any(not isinstance(v, core.Literal) and v in data for v in eqn.invars):
+        if any(not _jax.is_literal(v) and v in data for v in eqn.invars):
             data.update(eqn.outvars)
     return data
 
@@ -207,7 +206,6 @@ def jax_saved_bytes(loss: Callable, params: Any, x: Any, y: Any) -> dict[str, in
     pass over the jaxpr of the same ``jax.vjp`` with the batch as explicit inputs.
     """
     import jax
-    from jax._src import core
 
     def vjp_of_params(p: Any, xx: Any, yy: Any) -> Any:
         return jax.vjp(lambda q: loss(q, xx, yy), p)
@@ -221,7 +219,7 @@ def jax_saved_bytes(loss: Callable, params: Any, x: Any, y: Any) -> dict[str, in
     seen: set = set()
     param_bytes = data_bytes = 0
     for v in res_vars:
-        if isinstance(v, core.Literal) or v in seen:
+        if _jax.is_literal(v) or v in seen:
             continue
         seen.add(v)
         if v in data:

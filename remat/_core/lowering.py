@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from remat import _jax
+
 __all__ = ["RegionPolicy", "classic_checkpoint", "classic_remat", "in_classic_remat", "install_cpu_lowering",
            "mark_region"]
 
@@ -64,9 +66,7 @@ def mark_region(policy: Callable[..., Any] | None) -> RegionPolicy:
 @contextlib.contextmanager
 def classic_remat() -> Iterator[None]:
     """JAX's ``checkpoint`` primitive for the regions built and traced inside, under ``jax_remat3`` too."""
-    from jax._src import config
-
-    setting = getattr(config, "remat3", None)  # JAX releases before remat3 have one kind
+    setting = _jax.remat3_setting()  # JAX releases before remat3 have one kind
     with contextlib.nullcontext() if setting is None else setting(False):
         yield
 
@@ -99,10 +99,7 @@ def install_cpu_lowering() -> None:
     global _installed
     if _installed:
         return
-    from jax._src import ad_checkpoint
-    from jax.interpreters import mlir
-
-    jax_rule = ad_checkpoint._remat_lowering
+    jax_rule = _jax.checkpoint_lowering()
 
     def lowering(ctx: Any, *args: Any, jaxpr: Any, prevent_cse: Any, differentiated: bool,
                  policy: Any) -> Any:
@@ -113,15 +110,13 @@ def install_cpu_lowering() -> None:
             return jax_rule(ctx, *args, **params)
         return _lower_in_conditional(ctx, args, lambda: jax_rule(ctx, *args, **params))
 
-    mlir.register_lowering(ad_checkpoint.remat_p, lowering, platform="cpu")
+    _jax.register_cpu_lowering(_jax.checkpoint_primitive(), lowering)
     _installed = True
 
 
 def _lowers_in_conditional(ctx: Any, jaxpr: Any) -> bool:
     """Ordered effects need tokens threaded through; exotic dtypes have no zero: keep JAX's rule."""
-    from jax._src import effects
-
-    if list(effects.ordered_effects.filter_in(jaxpr.effects)):
+    if _jax.has_ordered_effects(jaxpr):
         return False
     return all(np.issubdtype(getattr(a, "dtype", None), np.number) or a.dtype == np.bool_
                for a in ctx.avals_out)
@@ -132,11 +127,8 @@ def _lower_in_conditional(ctx: Any, args: tuple, body: Callable[[], list[Any]]) 
 
     ``body`` is JAX's own rule; it also sets the (empty: no ordered effects) output tokens.
     """
-    from jax._src.interpreters import mlir as jax_mlir
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import hlo
-
-    out_types = [jax_mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out]
+    jax_mlir, ir, hlo = _jax.mlir_modules()
+    out_types = [_jax.ir_type(ctx, a) for a in ctx.avals_out]
     # An optimization barrier hides the constant from the conditional simplifier, which
     # runs before the barrier is expanded; the branches use the region's arguments
     # implicitly, so the conditional depends on all of them.

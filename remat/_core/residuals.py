@@ -13,6 +13,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from remat import _jax
+
 
 def format_bytes(n: int | float) -> str:
     """``1536 -> '1.5 KiB'``: binary units, one decimal."""
@@ -220,31 +222,27 @@ def saved_residuals(fn: Callable, *args: Any, **kwargs: Any) -> ResidualReport:
 def _saved_residuals_structured(fn: Callable, args: tuple, kwargs: dict) -> list[Residual]:
     # Mirrors jax._src.ad_checkpoint.saved_residuals/_saved_residuals, keeping the
     # pieces (equation, primitive, frame) that its strings flatten away.
-    from jax._src import api_util, core, source_info_util
-    from jax._src.lax import lax as lax_internal
-
     in_leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
 
     def flat_fn(*leaves):
         a, k = jax.tree_util.tree_unflatten(in_tree, leaves)
         return fn(*a, **k)
 
-    dbg = api_util.debug_info("saved_residuals", fn, args, kwargs)
     jaxpr_, out_shape = jax.make_jaxpr(lambda *a: jax.vjp(flat_fn, *a), return_shape=True)(*in_leaves)
     jaxpr = jaxpr_.jaxpr
     num_res = jax.tree_util.tree_structure(out_shape[1]).num_leaves
     outvars = jaxpr.outvars[len(jaxpr.outvars) - num_res :]
-    arg_names = dbg.arg_names or (None,) * len(jaxpr.invars)
+    arg_names = _jax.argument_names("saved_residuals", fn, args, kwargs) or (None,) * len(jaxpr.invars)
 
     # reduce_precision is not a producer worth naming: look through it, as JAX does.
     subst = {
-        e.outvars[0]: e.invars[0] for e in jaxpr.eqns if e.primitive is lax_internal.reduce_precision_p
+        e.outvars[0]: e.invars[0] for e in jaxpr.eqns if e.primitive is jax.lax.reduce_precision_p
     }
-    res_vars = {subst.get(v, v) for v in outvars if not isinstance(v, core.Literal)}
+    res_vars = {subst.get(v, v) for v in outvars if not _jax.is_literal(v)}
     out: list[Residual] = []
 
     for v in outvars:
-        if isinstance(v, core.Literal):
+        if _jax.is_literal(v):
             out.append(Residual(*_aval_fields(v.aval), kind="literal", source="a literal"))
     for v in jaxpr.constvars:
         if v in res_vars:
@@ -264,10 +262,10 @@ def _saved_residuals_structured(fn: Callable, args: tuple, kwargs: dict) -> list
         for v in eqn.outvars:
             if v not in res_vars:
                 continue
-            frame = source_info_util.user_frame(eqn.source_info.traceback)
-            where = source_info_util.summarize(eqn.source_info) if frame else "unknown"
+            frame = _jax.user_frame(eqn.source_info)
+            where = _jax.summarize_source(eqn.source_info) if frame else "unknown"
             prim = eqn.primitive.name
-            name = _checkpoint_name_of(eqn)
+            name = _jax.checkpoint_name_of(eqn)
             if prim in ("jit", "pjit"):  # produced inside a nested jit: name the function
                 prim = f"jit({eqn.params.get('name', '?')})"
             kind, src = ("named" if name is not None else "output"), where
@@ -281,22 +279,6 @@ def _saved_residuals_structured(fn: Callable, args: tuple, kwargs: dict) -> list
                 )
             )
     return out
-
-
-def _checkpoint_name_of(eqn: Any) -> str | None:
-    """The ``checkpoint_name`` tag an equation applies, or None."""
-    from jax._src import ad_checkpoint as adc
-
-    name_p = getattr(adc, "name_p", None)
-    if name_p is not None and eqn.primitive is name_p:
-        return eqn.params["name"]
-    call_hi = getattr(adc, "call_hi_primitive_p", None)
-    checkpoint_name_cls = getattr(adc, "CheckpointName", None)
-    if call_hi is not None and eqn.primitive is call_hi and checkpoint_name_cls is not None:
-        p = eqn.params.get("_prim")
-        if isinstance(p, checkpoint_name_cls):
-            return p.name
-    return None
 
 
 def checkpoint_names(fn: Callable, *args: Any, **kwargs: Any) -> list[str]:
@@ -322,17 +304,15 @@ def checkpoint_names(fn: Callable, *args: Any, **kwargs: Any) -> list[str]:
 
 def names_in_jaxpr(jaxpr: Any) -> list[str]:
     """The distinct ``checkpoint_name`` tags of a jaxpr and its nested jaxprs, in order."""
-    from jax._src import core
-
     names: dict[str, None] = {}
     todo = [getattr(jaxpr, "jaxpr", jaxpr)]
     while todo:
         jaxpr = todo.pop(0)
         for eqn in jaxpr.eqns:
-            name = _checkpoint_name_of(eqn)
+            name = _jax.checkpoint_name_of(eqn)
             if name is not None:
                 names.setdefault(name)
-        todo.extend(core.subjaxprs(jaxpr))  # scan bodies, checkpointed regions, jits, ...
+        todo.extend(_jax.subjaxprs(jaxpr))  # scan bodies, checkpointed regions, jits, ...
     return list(names)
 
 

@@ -36,7 +36,7 @@ References:
 from __future__ import annotations
 
 from remat._names import NO_CHECKPOINT, POLICY_NAMES, is_no_checkpoint
-from remat.policies._by_name import OffloadNames, SaveAllBut, offload_names, save_all_but, save_names
+from remat.policies._by_name import OffloadNames, SaveAllBut, SaveNames, offload_names, save_all_but, save_names
 from remat.policies._compose import AnyOf, any_of
 from remat.policies._resolve import NAMED_POLICIES, Policy, PolicySpec, policy_name, resolve_policy
 from remat.policies._selective import TORCH_OP_ALIASES, AskFunction, CheckpointPolicy, SaveOps, selective
@@ -53,6 +53,7 @@ __all__ = [
     "Policy",
     "PolicySpec",
     "SaveAllBut",
+    "SaveNames",
     "SaveOps",
     "any_of",
     "is_no_checkpoint",

@@ -6,8 +6,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from jax import checkpoint_policies as _jcp
-from jax._src.ad_checkpoint import name_p as _name_p
 from jax.ad_checkpoint import Offloadable, Recompute, Saveable
+
+from remat import _jax
 
 
 def _names(names: tuple[Any, ...], what: str) -> frozenset[str]:
@@ -22,15 +23,33 @@ def _listed(names: frozenset[str]) -> str:
     return ", ".join(repr(n) for n in sorted(names))
 
 
+@dataclasses.dataclass(frozen=True)
+class SaveNames:
+    """Keeps only the values tagged with one of ``names``; :func:`save_names` before JAX 0.10.2."""
+
+    names: frozenset[str]
+
+    def __call__(self, prim: Any, *_: Any, **params: Any) -> bool:
+        # jax.checkpoint_policies.save_only_these_names, as a value
+        return _jax.is_name_primitive(prim) and params["name"] in self.names
+
+    def __repr__(self) -> str:
+        return f"save_names({_listed(self.names)})"
+
+
 def save_names(*names: str) -> Any:
     """Keeps only values tagged with one of ``names`` via :func:`remat.checkpoint_name`.
 
-    JAX's own ``save_only_these_names`` policy (a frozen dataclass: equal names, equal policies).
+    JAX's own ``save_only_these_names`` policy, a frozen dataclass from JAX 0.10.2 on
+    (equal names, equal policies; JAX's remat3 knows it); on older JAX, whose policy is a
+    closure, the equivalent :class:`SaveNames`.
 
     Example:
       >>> p = save_names("attn_out", "mlp_in")
     """
-    return _jcp.save_only_these_names(*sorted(_names(names, "save_names")))
+    names = _names(names, "save_names")
+    policy = _jcp.save_only_these_names(*sorted(names))
+    return policy if dataclasses.is_dataclass(policy) else SaveNames(names)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +59,7 @@ class SaveAllBut:
     names: frozenset[str]
 
     def __call__(self, prim: Any, *_: Any, **params: Any) -> bool:
-        if prim is _name_p:
+        if _jax.is_name_primitive(prim):
             return params["name"] not in self.names
         return True
 
@@ -77,9 +96,10 @@ class OffloadNames:
 
     def __call__(self, prim: Any, *_: Any, **params: Any) -> Any:
         # jax.checkpoint_policies.save_and_offload_only_these_names, as a value
-        if prim is _name_p and params["name"] in self.save:
+        name = params["name"] if _jax.is_name_primitive(prim) else None
+        if name in self.save:
             return Saveable
-        if prim is _name_p and params["name"] in self.names:
+        if name in self.names:
             return Offloadable(src=self.src, dst=self.dst)
         return Recompute
 

@@ -1,6 +1,7 @@
 """Every spelling of a policy (``None``, a name, a list of names, a callable) turned into a JAX policy."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Union
 
@@ -20,7 +21,9 @@ NAMED_POLICIES: dict[str, Policy | None] = dict(zip(_names.NAMED_POLICY_NAMES, (
 )))
 
 
+# JAX's class of save_only_these_names policies; before JAX 0.10.2 that policy is a closure.
 _SAVE_NAMES = type(_jcp.save_only_these_names())
+_SAVE_NAMES = _SAVE_NAMES if dataclasses.is_dataclass(_SAVE_NAMES) else None
 
 
 def resolve_policy(policy: PolicySpec) -> Policy | None:
@@ -87,7 +90,7 @@ def policy_name(policy: PolicySpec) -> str:
     for name, named in NAMED_POLICIES.items():
         if named is not None and policy is named:
             return name
-    if isinstance(policy, _SAVE_NAMES):  # JAX's class, whose repr is its dataclass fields
+    if _SAVE_NAMES is not None and isinstance(policy, _SAVE_NAMES):  # JAX's class, whose repr is its dataclass fields
         return "save_names(" + ", ".join(repr(n) for n in sorted(policy.saveable_names)) + ")"
     if callable(policy):
         return getattr(policy, "__name__", None) or str(policy)

@@ -6,7 +6,7 @@ import enum
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from jax.extend.core import Primitive
+from remat import _jax
 
 
 class CheckpointPolicy(enum.Enum):
@@ -79,7 +79,7 @@ class AskFunction:
 
 def _op_names(op: Any) -> tuple[str, ...]:
     """Primitive names for a JAX primitive, a primitive name, or a PyTorch op (name or object)."""
-    if isinstance(op, Primitive):
+    if _jax.is_primitive(op):
         return (op.name,)
     # torch.ops.aten.mm / .default carry their operator's name; strings and others are parsed
     name = getattr(op, "_opname", None)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -45,6 +46,13 @@ def graph_mode(graph: bool, graph_updates: bool):
     """What ``nnx.remat(graph=graph, graph_updates=graph_updates)`` says, for remat's nnx.remat."""
     with nnx.set_graph_mode(graph), nnx.set_graph_updates(graph_updates):
         yield
+
+
+def split_rngs(**kwargs: Any) -> Any:
+    """``nnx.split_rngs``; flax 0.12.6 (remat's oldest) has no ``graph_updates`` and follows the graph mode."""
+    if "graph_updates" not in inspect.signature(nnx.split_rngs).parameters:
+        kwargs.pop("graph_updates", None)
+    return nnx.split_rngs(**kwargs)
 
 
 # ======================================================================================
@@ -116,7 +124,7 @@ def test_remat_with_scan_decorator():
 
     class ScanLinear(nnx.Module):
 
-        @nnx.split_rngs(splits=5, graph=True, graph_updates=True)
+        @split_rngs(splits=5, graph=True, graph_updates=True)
         @nnx.vmap(
             in_axes=(state_axes, state_axes),
             axis_size=5,
@@ -154,7 +162,7 @@ def test_remat_with_scan_decorator_functional(graph):
     class ScanLinear(nnx.Module):
 
         def __init__(self, rngs: nnx.Rngs):
-            @nnx.split_rngs(splits=5, graph=graph, graph_updates=False)
+            @split_rngs(splits=5, graph=graph, graph_updates=False)
             @nnx.vmap(in_axes=0, axis_size=5, graph=graph, graph_updates=False)
             def create(rngs):
                 return nnx.Linear(3, 3, rngs=rngs)
@@ -202,7 +210,7 @@ def _remat_with_scan_decorator_functional_grad(graph):
     def make(use_remat: bool):
         class ScanLinear(nnx.Module):
             def __init__(self, rngs: nnx.Rngs):
-                @nnx.split_rngs(splits=5, graph=graph, graph_updates=False)
+                @split_rngs(splits=5, graph=graph, graph_updates=False)
                 @nnx.vmap(in_axes=0, axis_size=5, graph=graph, graph_updates=False)
                 def create(rngs):
                     return nnx.Linear(3, 3, rngs=rngs)

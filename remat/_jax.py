@@ -1,0 +1,169 @@
+"""Every JAX internal remat reads (``jax._src``, ``jax.interpreters``, ``jax.extend``), in one place.
+
+These are not JAX's public API and change between releases; each is wrapped here in a
+small named function, so that a new JAX release is checked against this one file.
+:data:`TESTED` names the oldest and newest releases the test suite passed with
+(``pyproject.toml``'s floor and ``constraints/oldest.txt`` repeat the oldest;
+``tests/test_jax_internals.py`` keeps them equal). Nothing is imported until a function
+runs, so ``remat --help`` never imports JAX.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+# (oldest, newest): the releases the fast suite passed with (CI runs it with both; the slow
+# suite runs with the newest). Older flax has no ``nnx.remat(graph_updates=...)``, and
+# flax 0.12.6 itself needs jax>=0.8.1.
+TESTED: dict[str, tuple[str, str]] = {
+    "jax": ("0.8.1", "0.10.2"),
+    "jaxlib": ("0.8.1", "0.10.2"),
+    "flax": ("0.12.6", "0.12.8"),
+}
+
+
+# --- the process ------------------------------------------------------------------------
+
+def backend_started() -> bool:
+    """True once a JAX backend exists (the first computation made it); never imports JAX."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    return bridge is not None and bool(bridge.backends_are_initialized())
+
+
+# --- jaxprs -------------------------------------------------------------------------------
+
+def is_literal(var: Any) -> bool:
+    """Whether a jaxpr operand is a literal (a constant written into the equation), not a variable."""
+    from jax.extend.core import Literal
+
+    return isinstance(var, Literal)
+
+
+def is_primitive(obj: Any) -> bool:
+    """Whether ``obj`` is a JAX primitive (``jax.lax.sin_p``, ``jax.lax.dot_general_p``, ...)."""
+    from jax.extend.core import Primitive
+
+    return isinstance(obj, Primitive)
+
+
+def subjaxprs(jaxpr: Any) -> Iterator[Any]:
+    """The jaxprs nested in ``jaxpr``'s equations (scan bodies, checkpointed regions, jits)."""
+    from jax._src import core
+
+    return core.subjaxprs(jaxpr)
+
+
+def argument_names(traced_for: str, fn: Any, args: tuple, kwargs: dict) -> tuple[str | None, ...] | None:
+    """The names JAX gives the flattened arguments of ``fn(*args, **kwargs)`` (``w``, ``x['a']``)."""
+    from jax._src import api_util
+
+    return api_util.debug_info(traced_for, fn, args, kwargs).arg_names
+
+
+def user_frame(source_info: Any) -> Any:
+    """The innermost frame of user code (outside JAX) that made an equation, or None."""
+    from jax._src import source_info_util
+
+    return source_info_util.user_frame(source_info.traceback)
+
+
+def summarize_source(source_info: Any) -> str:
+    """``file:line (function)`` of the user code that made an equation, as JAX prints it."""
+    from jax._src import source_info_util
+
+    return source_info_util.summarize(source_info)
+
+
+def is_name_primitive(primitive: Any) -> bool:
+    """Whether ``primitive`` is the one ``jax.ad_checkpoint.checkpoint_name`` binds."""
+    from jax._src import ad_checkpoint
+
+    return primitive is ad_checkpoint.name_p
+
+
+def checkpoint_name_of(eqn: Any) -> str | None:
+    """The ``checkpoint_name`` tag an equation applies, or None.
+
+    A tag is ``name_p``, or (JAX 0.10 with hijax) a ``call_hi_primitive_p`` equation whose
+    ``_prim`` is a ``CheckpointName``.
+    """
+    from jax._src import ad_checkpoint as adc
+
+    if eqn.primitive is adc.name_p:
+        return eqn.params["name"]
+    call_hi = getattr(adc, "call_hi_primitive_p", None)
+    checkpoint_name_cls = getattr(adc, "CheckpointName", None)
+    if call_hi is not None and eqn.primitive is call_hi and checkpoint_name_cls is not None:
+        p = eqn.params.get("_prim")
+        if isinstance(p, checkpoint_name_cls):
+            return p.name
+    return None
+
+
+def has_ordered_effects(jaxpr: Any) -> bool:
+    """Whether ``jaxpr`` has effects that must run in order (tokens threaded through it)."""
+    from jax._src import effects
+
+    return bool(list(effects.ordered_effects.filter_in(jaxpr.effects)))
+
+
+def remat3_setting() -> Any:
+    """The ``jax_remat3`` setting (called with a bool, a thread-local context), or None before JAX 0.10.2."""
+    from jax._src import config
+
+    return getattr(config, "remat3", None)
+
+
+# --- the checkpoint primitive's lowering --------------------------------------------------
+
+def checkpoint_primitive() -> Any:
+    """The primitive ``jax.checkpoint`` binds (``remat2`` in jaxprs, ``checkpoint`` when printed)."""
+    from jax._src import ad_checkpoint
+
+    return ad_checkpoint.remat_p
+
+
+def checkpoint_lowering() -> Any:
+    """JAX's own lowering rule of :func:`checkpoint_primitive`: ``rule(ctx, *args, **params)``."""
+    from jax._src import ad_checkpoint
+
+    return ad_checkpoint._remat_lowering
+
+
+def register_cpu_lowering(primitive: Any, rule: Any) -> None:
+    """Makes ``rule`` the lowering of ``primitive`` on CPU (other platforms keep JAX's)."""
+    from jax.interpreters import mlir
+
+    mlir.register_lowering(primitive, rule, platform="cpu")
+
+
+def mlir_modules() -> tuple[Any, Any, Any]:
+    """``(mlir, ir, hlo)``: JAX's lowering helpers, the MLIR core and the StableHLO dialect."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import hlo
+
+    return mlir, ir, hlo
+
+
+def ir_type(ctx: Any, aval: Any) -> Any:
+    """The MLIR type of ``aval`` in the lowering context ``ctx``.
+
+    JAX 0.10.1 added the module context as the first argument of ``aval_to_ir_type``.
+    """
+    from jax._src.interpreters import mlir
+
+    if _ir_type_takes_context():
+        return mlir.aval_to_ir_type(ctx.module_context, aval)
+    return mlir.aval_to_ir_type(aval)
+
+
+@functools.cache
+def _ir_type_takes_context() -> bool:
+    import inspect
+
+    from jax._src.interpreters import mlir
+
+    return len(inspect.signature(mlir.aval_to_ir_type).parameters) == 2
