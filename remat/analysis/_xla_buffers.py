@@ -1,0 +1,102 @@
+"""Every JAX/XLA internal that :func:`remat.explain` reads, in one place.
+
+* :func:`compile_with_buffer_assignment` compiles one lowered program with debug options
+  given to that compilation only (``compiler_options``: XLA writes the optimized module
+  and its buffer assignment, heap simulator trace included, into a temporary folder that
+  is read and removed); no environment variable or process-wide flag is touched.
+* The jaxpr helpers read what JAX keeps on each equation: its name stack and its source
+  frames (``jax._src.source_info_util``), the checkpoint primitive, nested jaxprs.
+
+Example:
+  >>> compiled, program = compile_with_buffer_assignment(jax.jit(f).lower(x))  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+from remat.analysis._hlo_proto import HloProgram, parse_hlo_proto
+
+# What XLA needs to write the optimized module with its buffer assignment (the heap
+# simulator's trace is recorded only when dumping): the proto, not the text forms.
+_DUMP_OPTIONS = {"xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": False,
+                 "xla_dump_buffer_assignment_analysis": False}
+
+
+def compile_with_buffer_assignment(lowered: Any) -> tuple[Any, HloProgram]:
+    """Compiles ``lowered`` once and reads XLA's buffer assignment of that very compilation.
+
+    Args:
+      lowered: a ``jax.stages.Lowered``.
+
+    Returns:
+      ``(compiled, program)``: the ``jax.stages.Compiled`` and its :class:`HloProgram`.
+
+    Raises:
+      RuntimeError: the backend wrote no optimized module (it does not honour
+        ``xla_dump_to``).
+    """
+    folder = tempfile.mkdtemp(prefix="remat-explain-")
+    try:
+        compiled = lowered.compile(compiler_options={"xla_dump_to": folder, **_DUMP_OPTIONS})
+        found = sorted(glob.glob(os.path.join(folder, "*after_optimizations.hlo.pb")), key=os.path.getmtime)
+        if not found:
+            raise RuntimeError("XLA wrote no optimized module for this backend; remat.explain reads XLA's "
+                               "buffer assignment from it (CPU, GPU and TPU write one)")
+        with open(found[-1], "rb") as f:
+            program = parse_hlo_proto(f.read())
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return compiled, program
+
+
+def checkpoint_primitive() -> Any:
+    """JAX's checkpoint (``remat``) primitive."""
+    from jax._src import ad_checkpoint
+
+    return ad_checkpoint.remat_p
+
+
+def name_primitive() -> Any:
+    """The primitive :func:`jax.ad_checkpoint.checkpoint_name` applies."""
+    from jax._src import ad_checkpoint
+
+    return ad_checkpoint.name_p
+
+
+def reduce_precision_primitive() -> Any:
+    from jax._src.lax import lax as lax_internal
+
+    return lax_internal.reduce_precision_p
+
+
+def name_stack(eqn: Any) -> str:
+    """The equation's name stack as text, e.g. ``"transpose(jvp(@blocks.0))/@blocks.0.attn"``."""
+    return str(eqn.source_info.name_stack)
+
+
+def frames(eqn: Any) -> list[tuple[str, int, str]]:
+    """The equation's Python frames ``(file, line, function)``, innermost first."""
+    from jax._src import source_info_util
+
+    traceback = eqn.source_info.traceback
+    if traceback is None:
+        return []
+    return [(f.file_name, f.start_line, f.function_name) for f in source_info_util.user_frames(traceback)]
+
+
+def subjaxprs(jaxpr: Any) -> Iterator[Any]:
+    """The jaxprs nested in ``jaxpr``'s equations (scan bodies, regions, jits, ...)."""
+    from jax._src import core
+
+    return core.subjaxprs(jaxpr)
+
+
+def is_literal(var: Any) -> bool:
+    from jax._src import core
+
+    return isinstance(var, core.Literal)
