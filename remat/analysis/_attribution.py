@@ -102,11 +102,12 @@ class Attributor:
     """Attributes one compiled step's buffers; see :func:`peak_buffers`."""
 
     def __init__(self, program: HloProgram, timeline: HeapTimeline, regions: list[RegionInfo],
-                 first_argument: str | None):
+                 first_argument: str | None, output_paths: list[str] | None = None):
         self.program = program
         self.timeline = timeline
         self.regions = regions
         self.first_argument = first_argument
+        self.output_paths = output_paths or []
         self.index = kept_index(regions)
         self._users: dict[int, list[int]] | None = None
         self.step_phase = [phase(self.defining(b)) for b in timeline.step_buffers]
@@ -181,7 +182,8 @@ class Attributor:
                 rule = found[0][1].rule
             else:
                 rule = "kept for the backward pass by code outside any checkpointed region"
-        return PeakBuffer(size, kind, source, module, region, rule, ins.shape, _op(ins))
+        shape = ins.shape_at(self.program.buffers[buffer_id].shape_index)
+        return PeakBuffer(size, kind, source, module, region, rule, shape, _op(ins))
 
     def peak_buffers(self, entries_for: tuple[str, ...] = ("temp", "argument", "output")) -> list[PeakBuffer]:
         """Every buffer live at the peak, and the packing gaps there, largest first."""
@@ -208,26 +210,52 @@ class Attributor:
                 f"{holder.op or 'value'} ({holder.kind}), live {steps} step{'s' * (steps != 1)} {when} the peak")
         return dataclasses.replace(holder, kind="other temporary", region=None, rule=rule, live=False)
 
+    def _parameter(self, allocation: Any) -> Instruction | None:
+        """The entry computation's parameter instruction an argument allocation holds."""
+        for b, _, _ in allocation.assigned:
+            buffer = self.program.buffers.get(b)
+            ins = self.program.instructions.get(buffer.instruction_id) if buffer else None
+            if ins is not None and ins.opcode == "parameter":
+                return ins
+        return None
+
     def _parameters_and_outputs(self) -> list[PeakBuffer]:
         out = []
         order = {i: n for seq in self.program.schedule.values() for n, i in enumerate(seq)}
+        outputs = {i: p for i, p in zip(self.program.entry_outputs(), self.output_paths)}
+        parameter_paths = set()
         for a in self.program.allocations:
             if a.is_entry_parameter:
-                params = [self.program.instructions.get(self.program.buffers[b].instruction_id)
-                          for b, _, _ in a.assigned if b in self.program.buffers]
-                ins = next((i for i in params if i is not None and i.opcode == "parameter"), None)
+                ins = self._parameter(a)
+                if ins is not None and argument_kind(ins.op_name, self.first_argument) == "parameter":
+                    parameter_paths.add(re.sub(r"^[A-Za-z_]\w*(\[\d+\])?", "", ins.op_name))
+        for a in self.program.allocations:
+            if a.is_entry_parameter:
+                ins = self._parameter(a)
                 path = ins.op_name if ins is not None else f"argument {a.parameter_number}"
                 kind = argument_kind(path, self.first_argument)
                 out.append(PeakBuffer(a.size, kind, None, _argument_module(path) if kind == "parameter" else None,
                                       None, f"argument {path}", ins.shape if ins else "", "parameter",
                                       "argument"))
             elif a.maybe_live_out and not a.is_tuple:
-                written = [self.defining(b) for b, _, _ in a.assigned]
-                written = [i for i in written if i is not None]
+                written = [(self.defining(b), self.program.buffers[b]) for b, _, _ in a.assigned
+                           if b in self.program.buffers]
+                written = [(i, b) for i, b in written if i is not None]
                 if not written:
                     continue
-                last = max(written, key=lambda i: order.get(i.id, -1))
-                kind = "gradient" if phase(last) in ("backward", "recompute") else "other temporary"
-                out.append(PeakBuffer(a.size, kind, _source(last), module_of(last.op_name), None,
-                                      "an output of the step", last.shape, _op(last), "output"))
+                last, buffer = max(written, key=lambda w: order.get(w[0].id, -1))
+                path = next((outputs[i.id] for i, _ in written if i.id in outputs), "")
+                out.append(PeakBuffer(a.size, self._output_kind(last, path, parameter_paths), _source(last),
+                                      module_of(last.op_name), None, f"output {path}".rstrip(),
+                                      last.shape_at(buffer.shape_index), _op(last), "output"))
         return out
+
+    def _output_kind(self, last: Instruction, path: str, parameter_paths: set[str]) -> str:
+        """A gradient (computed by the backward pass), the step's new parameters or optimizer state, or other."""
+        if phase(last) in ("backward", "recompute"):
+            return "gradient"
+        if path and _OPTIMIZER_WORDS.search(path):
+            return "optimizer state"
+        if path and re.sub(r"^\[\d+\]", "", path) in parameter_paths:
+            return "parameter"
+        return "other temporary"

@@ -112,6 +112,13 @@ class Instruction:
     operand_ids: tuple[int, ...]
     called_computation_ids: tuple[int, ...]
     parameter_number: int
+    element_shapes: tuple[str, ...] = ()  # a tuple's elements
+
+    def shape_at(self, index: tuple[int, ...]) -> str:
+        """The shape of the value at ``index`` of the instruction's output (a tuple element)."""
+        if index and self.element_shapes and 0 <= index[0] < len(self.element_shapes):
+            return self.element_shapes[index[0]]
+        return self.shape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +182,7 @@ class HloProgram:
       instructions: by id (ids are unique across the module's computations).
       computations: computation id -> name.
       schedule: computation id -> its instruction ids in execution order.
+      roots: computation name -> the id of its root instruction.
     """
 
     name: str
@@ -185,6 +193,14 @@ class HloProgram:
     buffers: dict[int, LogicalBuffer]
     allocations: tuple[Allocation, ...]
     traces: tuple[HeapTrace, ...]
+    roots: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def entry_outputs(self) -> tuple[int, ...]:
+        """The instructions whose values the entry computation returns, in output order."""
+        root = self.instructions.get(self.roots.get(self.entry, -1))
+        if root is None:
+            return ()
+        return root.operand_ids if root.opcode == "tuple" else (root.id,)
 
     def instruction_named(self) -> dict[tuple[str, str], Instruction]:
         """``(computation name, instruction name) -> instruction``."""
@@ -239,19 +255,23 @@ def parse_hlo_proto(data: bytes) -> HloProgram:
     frames = _frames(_message(module[17][0])) if 17 in module else {0: ()}
     instructions: dict[int, Instruction] = {}
     computations: dict[int, str] = {}
+    roots: dict[str, int] = {}
     for comp_bytes in module.get(3, ()):
         comp = _message(comp_bytes)
         comp_name = _str(comp, 1)
         computations[_int(comp, 5)] = comp_name
+        roots[comp_name] = _int(comp, 6)
         for ins_bytes in comp.get(2, ()):
             ins = _message(ins_bytes)
             meta = _message(ins[7][0]) if 7 in ins else {}
             stack = frames.get(_int(meta, 15), ())
             if not stack and _str(meta, 3):  # older XLA: one source location in the metadata
                 stack = (Frame(_str(meta, 3), _int(meta, 4), ""),)
+            shape = _message(ins[3][0]) if 3 in ins else {}
             instructions[_int(ins, 35)] = Instruction(
                 _int(ins, 35), _str(ins, 1), _str(ins, 2), comp_name, _str(meta, 2), stack,
-                _shape(ins[3][0]) if 3 in ins else "", _ints(ins, 36), _ints(ins, 38), _int(ins, 9))
+                _shape(ins[3][0]) if 3 in ins else "", _ints(ins, 36), _ints(ins, 38), _int(ins, 9),
+                tuple(_shape(e) for e in shape.get(4, ())))
     schedule: dict[int, tuple[int, ...]] = {}
     if 7 in module:
         for entry in _message(module[7][0]).get(1, ()):
@@ -276,4 +296,4 @@ def parse_hlo_proto(data: bytes) -> HloProgram:
                                  _int(e, 5)) for e in map(_message, f.get(1, ())))
         traces.append(HeapTrace(_int(f, 3), bool(_int(f, 2)), events))
     return HloProgram(_str(module, 1), _str(module, 2), instructions, computations, schedule, buffers,
-                      tuple(allocations), tuple(traces))
+                      tuple(allocations), tuple(traces), roots)

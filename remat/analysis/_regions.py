@@ -165,7 +165,9 @@ def regions(closed_jaxpr: Any) -> list[RegionInfo]:
             policy = eqn.params.get("policy")
             label_policy, saveable = describe_policy(policy)
             module = _common_module(inner)
-            source = format_source(user_frame(xb.frames(eqn)))
+            # where remat.checkpoint was called; else (a decorated function called by JAX) its first line
+            source = format_source(user_frame(xb.frames(eqn)) or next(
+                (f for f in (user_frame(xb.frames(e)) for e in _eqns(inner)) if f), None))
             label = module if module else f"region at {source or '?'}"
             kept = []
             for v in eqn.invars:

@@ -235,7 +235,9 @@ def explain(fn: Callable, *args: Any, **kwargs: Any) -> ExplainReport:
 
     timeline = heap_timeline(program)
     regions = _regions.regions(traced.jaxpr)
-    attributor = Attributor(program, timeline, regions, _first_argument(fn))
+    output_paths = [jax.tree_util.keystr(path) for path, _ in
+                    jax.tree_util.tree_flatten_with_path(traced.out_info)[0]]
+    attributor = Attributor(program, timeline, regions, _first_argument(fn), output_paths)
     buffers = attributor.peak_buffers()
     temp = memory.temp_bytes
     attributed = sum(b.bytes for b in buffers if b.allocation == "temp" and (b.source or b.module))
@@ -276,9 +278,10 @@ def _saves_nothing(attributor: Attributor, labels: dict[int, PeakBuffer]) -> lis
             forward.append(step)
         elif which in ("backward", "recompute") and "checkpoint" in ins.op_name:
             backward.append(step)
-    if not forward or not backward or max(forward) >= min(backward):
+    last_forward = max(forward, default=-1)  # none: XLA dropped a forward whose value is unused
+    if not backward or last_forward >= min(backward):
         return []
-    gap_live = max(t.live_bytes[max(forward):min(backward)])
+    gap_live = max(t.live_bytes[max(last_forward, 0):min(backward)], default=0)
     recomputed = [o for o in t.occupancies if labels[o.buffer_id].kind == "recomputed value"
                   and mine(labels[o.buffer_id].module)]
     steps = range(min(backward), max(backward) + 1)

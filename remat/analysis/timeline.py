@@ -153,19 +153,34 @@ def heap_timeline(program: HloProgram) -> HeapTimeline:
     def _size(canonical: int) -> int:
         return placed.get(canonical, (0, program.buffers[canonical].size))[1]
 
+    reused: dict[int, int] = {}  # freed canonical -> the buffer that took its bytes over
+
+    def holder_group(buffer: int) -> int | None:
+        """The live group holding ``buffer``'s bytes (following bytes freed and taken over)."""
+        for _ in range(len(trace.events)):
+            canonical = group.get(buffer)
+            if canonical is not None and members.get(canonical):
+                return canonical
+            if buffer not in reused:
+                return None
+            buffer = reused[buffer]
+        return None
+
     for step, event in enumerate(trace.events):
         if event.buffer_id not in placed and event.buffer_id not in group and event.kind != "share":
             live_bytes.append(live)
             continue
-        canonical = group.get(event.share_with)
-        if event.kind == "share" and canonical is not None and members.get(canonical):
-            group[event.buffer_id] = canonical  # computed into a live value's bytes
+        canonical = holder_group(event.share_with) if event.kind == "share" else None
+        if canonical is not None:
+            group[event.buffer_id] = canonical  # the same bytes as a live value (in place, or an alias)
             members[canonical].add(event.buffer_id)
             close(canonical, step)
             current[canonical] = (event.buffer_id, step)
         elif event.kind in ("alloc", "share"):
-            if event.kind == "share" and event.share_with in placed and event.buffer_id not in placed:
-                placed[event.buffer_id] = placed[event.share_with]  # reuses a value just freed
+            if event.kind == "share":
+                reused[event.share_with] = event.buffer_id  # takes over bytes just freed
+                if event.buffer_id not in placed and event.share_with in placed:
+                    placed[event.buffer_id] = placed[event.share_with]
             group[event.buffer_id] = event.buffer_id
             members[event.buffer_id] = {event.buffer_id}
             current[event.buffer_id] = (event.buffer_id, step)
