@@ -221,3 +221,38 @@ def policy_warnings(infos: list[RegionInfo]) -> list[str]:
             text += "; fix: policy='nothing' says the same, or pick a policy that matches its operations"
         out.append(text)
     return out
+
+
+def kept_bytes_by_module(closed_jaxpr: Any) -> tuple[dict[str | None, int], list[str]]:
+    """What a differentiating step keeps for its backward pass, by the module that keeps it.
+
+    A value is kept when the forward pass makes it and the backward pass reads it; it is
+    charged to the module whose backward reads it (as PyTorch charges a saved tensor to
+    the operation that saves it): a checkpointed region to its module (it keeps its
+    inputs), any other backward operation to the module in its name stack. The step's own
+    inputs (parameters, data) are not counted.
+
+    Returns:
+      ``(bytes by module path (None: outside every module), the regions' module paths)``.
+    """
+    jaxpr = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
+    remat_p = xb.checkpoint_primitive()
+    made_forward = {v for e in jaxpr.eqns if "transpose(" not in xb.name_stack(e) for v in e.outvars}
+    charged: dict[Any, tuple[bool, str | None]] = {}
+    region_modules = []
+    for eqn in jaxpr.eqns:  # in backward order, so the last reader is the first in forward order
+        region = eqn.primitive is remat_p and eqn.params.get("differentiated")
+        if region:
+            module = _common_module(eqn.params["jaxpr"])
+            region_modules.append(module)
+        elif "transpose(" in xb.name_stack(eqn):
+            module = module_of(xb.name_stack(eqn))
+        else:
+            continue
+        for v in eqn.invars:  # a region that keeps a value is charged for it before any other reader
+            if not xb.is_literal(v) and v in made_forward and (region or not charged.get(v, (False,))[0]):
+                charged[v] = (bool(region), module)
+    totals: dict[str | None, int] = {}
+    for v, (_, module) in charged.items():
+        totals[module] = totals.get(module, 0) + _nbytes(v.aval)
+    return totals, [m for m in region_modules if m]

@@ -37,7 +37,7 @@ from remat.analysis._xla_buffers import compile_with_buffer_assignment
 from remat.analysis.compiled import CompiledMemory
 from remat.analysis.timeline import HeapTimeline
 
-__all__ = ["KINDS", "ExplainReport", "PeakBuffer", "explain"]
+__all__ = ["KINDS", "ExplainReport", "PeakBuffer", "explain", "saved_bytes_by_module"]
 
 PROGRESS_AFTER_S = 3.0  # a compile slower than this prints a progress line on stderr
 
@@ -323,3 +323,23 @@ def _largest_residual_unchecked(buffers: list[PeakBuffer], regions: list[_region
     return [f"the largest residual at the peak, {format_bytes(b.bytes)} ({b.shape} from {b.op} at "
             f"{b.source or '?'}{f' in {b.module}' if b.module else ''}), is kept by {where}, which is not "
             f"checkpointed; fix: {fix}"]
+
+
+def saved_bytes_by_module(fn: Callable, *args: Any, **kwargs: Any) -> tuple[dict[str | None, int], list[str]]:
+    """Bytes the backward pass of ``fn`` keeps, by the module path that keeps them.
+
+    Args:
+      fn: a function that differentiates (``jax.grad(loss)``), traced with module names.
+      *args, **kwargs: example inputs.
+
+    Returns:
+      ``(bytes by module path, the module paths of the checkpointed regions)``; the step's
+      inputs are not counted, values outside every module are under ``None``.
+    """
+    @functools.wraps(fn)
+    def step(*a: Any, **k: Any) -> Any:
+        return fn(*a, **k)
+
+    with module_scopes():
+        jaxpr = jax.make_jaxpr(step)(*args, **kwargs)
+    return _regions.kept_bytes_by_module(jaxpr)
