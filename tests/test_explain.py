@@ -151,6 +151,18 @@ def test_the_largest_residual_from_unchecked_code_is_named():
     assert not [w for w in explain(jax.grad(loss), params, x).warnings if w.startswith("the largest residual")]
 
 
+def test_a_scan_over_layers_stacks_what_its_regions_keep():
+    def loss(params, x):
+        return jnp.sum(remat.scan_layers(lambda p, h: jnp.tanh(h @ p["w"]), params, x, policy="nothing") ** 2)
+
+    params = {"w": jnp.ones((8, 64, 64)) * 0.01}
+    report = explain(jax.grad(loss), params, X)
+    assert report.temp_bytes == _temp(jax.grad(loss), params, X)
+    stacked = [b for b in report.temp_peak_buffers if b.kind == "residual" and b.op == "while"]
+    assert stacked and all(b.region and "loop over layers" in b.rule for b in stacked)
+    assert not [w for w in report.warnings if w.startswith("the largest residual")]
+
+
 def test_a_training_step_kinds_arguments_and_outputs():
     import optax
 
@@ -294,7 +306,7 @@ def test_every_twin_policy_and_plan_is_attributed(model, capsys):
     pytest.importorskip("transformers")
     from remat.policies import POLICY_NAMES
 
-    runs = [["--policy", p] for p in POLICY_NAMES] + [["--plan", "0.5"]]
+    runs = [["--policy", p] for p in POLICY_NAMES] + [["--plan", "0"]]
     for extra in runs:
         assert main(["explain", model, "--json", *extra]) == 0, extra
         out = json.loads(capsys.readouterr().out)

@@ -176,7 +176,12 @@ class Attributor:
             kind = "residual"
             nbytes = self.program.buffers[buffer_id].size
             found = self.index.get((module, source, nbytes)) or self.index.get((None, source, nbytes))
-            if found:
+            looped = [r.label for r in self.regions if r.in_loop]
+            if ins.opcode == "while":  # a loop's stacked outputs: what every iteration keeps
+                region = " or ".join(dict.fromkeys(looped)) or None
+                rule = ("stacked by a loop over layers: what each iteration's checkpointed region keeps"
+                        if looped else "stacked by a loop: what each iteration keeps for the backward pass")
+            elif found:
                 regions = list(dict.fromkeys(r.label for r, _ in found))
                 region = regions[0] if len(regions) == 1 else " or ".join(regions)
                 rule = found[0][1].rule

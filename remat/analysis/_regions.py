@@ -54,6 +54,7 @@ class RegionInfo:
     names: tuple[str, ...]
     order: int
     saveable_names: tuple[str, ...] = ()
+    in_loop: bool = False  # inside a scan or while body: its kept values are stacked per iteration
 
     @property
     def policy_matches_nothing(self) -> bool:
@@ -97,17 +98,21 @@ def _nbytes(aval: Any) -> int:
         return 0
 
 
-def _walk(jaxpr: Any) -> Iterator[Any]:
-    """Every jaxpr, nested ones included (breadth first)."""
-    todo = [getattr(jaxpr, "jaxpr", jaxpr)]
-    while todo:
-        current = todo.pop(0)
-        yield current
-        todo.extend(getattr(j, "jaxpr", j) for j in xb.subjaxprs(current))
+_LOOPS = ("scan", "while")
+
+
+def _walk(jaxpr: Any, in_loop: bool = False) -> Iterator[tuple[Any, bool]]:
+    """Every jaxpr, nested ones included, and whether it runs inside a loop's body."""
+    current = getattr(jaxpr, "jaxpr", jaxpr)
+    yield current, in_loop
+    for eqn in current.eqns:
+        looped = in_loop or eqn.primitive.name in _LOOPS
+        for sub in xb.eqn_subjaxprs(eqn):
+            yield from _walk(sub, looped)
 
 
 def _eqns(jaxpr: Any) -> Iterator[Any]:
-    for j in _walk(jaxpr):
+    for j, _ in _walk(jaxpr):
         yield from j.eqns
 
 
@@ -156,7 +161,7 @@ def regions(closed_jaxpr: Any) -> list[RegionInfo]:
     """
     found: list[RegionInfo] = []
     remat_p = xb.checkpoint_primitive()
-    for jaxpr in _walk(closed_jaxpr):
+    for jaxpr, in_loop in _walk(closed_jaxpr):
         producers = {v: e for e in jaxpr.eqns for v in e.outvars}
         for eqn in jaxpr.eqns:
             if eqn.primitive is not remat_p or not eqn.params.get("differentiated"):
@@ -188,7 +193,8 @@ def regions(closed_jaxpr: Any) -> list[RegionInfo]:
                     by_policy))
             names = tuple(dict.fromkeys(e.params["name"] for e in _eqns(inner)
                                         if e.primitive is xb.name_primitive()))
-            found.append(RegionInfo(label, module, source, label_policy, tuple(kept), names, len(found), saveable))
+            found.append(RegionInfo(label, module, source, label_policy, tuple(kept), names, len(found), saveable,
+                                    in_loop))
     return found
 
 

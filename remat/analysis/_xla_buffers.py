@@ -89,11 +89,14 @@ def frames(eqn: Any) -> list[tuple[str, int, str]]:
     return [(f.file_name, f.start_line, f.function_name) for f in source_info_util.user_frames(traceback)]
 
 
-def subjaxprs(jaxpr: Any) -> Iterator[Any]:
-    """The jaxprs nested in ``jaxpr``'s equations (scan bodies, regions, jits, ...)."""
+def eqn_subjaxprs(eqn: Any) -> Iterator[Any]:
+    """The jaxprs one equation's parameters hold (a scan's body, a region, a jit, ...)."""
     from jax._src import core
 
-    return core.subjaxprs(jaxpr)
+    for param in eqn.params.values():
+        for value in (param if isinstance(param, (tuple, list)) else (param,)):
+            if isinstance(value, (core.Jaxpr, core.ClosedJaxpr)):
+                yield value
 
 
 def is_literal(var: Any) -> bool:

@@ -139,7 +139,7 @@ class ExplainReport:
         kinds = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.by_kind().items())
         return [
             f"temp {format_bytes(self.temp_bytes)} at the peak: {kinds}",
-            f"attributed to a line or module: {self.attributed_fraction:.1%} "
+            f"attributed to a line or module: {self.attributed_fraction:.2%} "
             f"(unattributed {format_bytes(self.unattributed_bytes)}; packing gaps {format_bytes(self.gap_bytes)})",
             f"arguments {format_bytes(self.memory.argument_bytes)}, outputs {format_bytes(self.memory.output_bytes)}",
         ]
