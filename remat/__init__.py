@@ -42,7 +42,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "saved_residuals": ("remat.analysis", "saved_residuals"),
     "compiled_memory": ("remat.analysis", "compiled_memory"),
     "compare_policies": ("remat.analysis", "compare_policies"),
-    "explain": ("remat.analysis.explain", "explain"),
+    "explain": ("remat.analysis.explanation", "explain"),
     "peak_rss_bytes": ("remat.analysis", "peak_rss_bytes"),
     "scan_layers": ("remat.scan", "scan_layers"),
     "stack_nnx_layers": ("remat.scan", "stack_nnx_layers"),
@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from remat.analysis import saved_residuals as saved_residuals
     from remat.analysis.allocator import keep_freed_memory as keep_freed_memory
     from remat.analysis.budget import budget as residual_budget  # noqa: F401  (exported lazily)
-    from remat.analysis.explain import explain as explain
+    from remat.analysis.explanation import explain as explain
     from remat.planner import plan as plan
     from remat.policies import CheckpointPolicy as CheckpointPolicy
     from remat.scan import scan_layers as scan_layers

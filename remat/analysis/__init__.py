@@ -42,7 +42,7 @@ from remat._core.residuals import (
 )
 from remat.analysis.compare import DEFAULT_POLICIES, PolicyComparison, PolicyResult, compare_policies, with_policy
 from remat.analysis.compiled import CompiledMemory, CompiledStep, compiled_memory, compiled_step
-from remat.analysis.explain import ExplainReport, PeakBuffer, explain
+from remat.analysis.explanation import ExplainReport, PeakBuffer, explain
 from remat.analysis.process import (
     PeakRSS,
     RSSMeasurement,

@@ -153,7 +153,7 @@ def _explain(args: argparse.Namespace) -> tuple[Any, str]:
     import jax.numpy as jnp
     from flax import nnx
 
-    from remat.analysis.explain import explain
+    from remat.analysis.explanation import explain
     from remat.models.tasks import pure_step_loss
 
     task = _task(args)

@@ -2,7 +2,7 @@
 
 JAX's side: what the backward pass of the model's gradient reads from its forward pass,
 charged to the module whose backward reads it (a checkpointed region keeps its inputs),
-from the traced step (:func:`remat.analysis.explain.saved_bytes_by_module`). PyTorch's
+from the traced step (:func:`remat.analysis.explanation.saved_bytes_by_module`). PyTorch's
 side: every tensor autograd saves during the forward pass, counted with
 ``torch.autograd.graph.saved_tensors_hooks`` and charged to the innermost module running;
 a module that runs under ``torch.utils.checkpoint`` saves nothing through those hooks
@@ -112,9 +112,20 @@ def _loss_value(out: Any) -> Any:
     return (out.astype(jnp.float32) if hasattr(out, "astype") else out.float()).__pow__(2).mean()
 
 
+def _tensors(tree: Any) -> Any:
+    """The tensors in nested tuples, lists and dicts (a module's positional and keyword arguments)."""
+    if isinstance(tree, dict):
+        tree = list(tree.values())
+    if isinstance(tree, (tuple, list)):
+        for item in tree:
+            yield from _tensors(item)
+    elif hasattr(tree, "untyped_storage"):
+        yield tree
+
+
 def jax_saved_bytes(jax_model: nnx.Module, xs: list[Any]) -> tuple[dict[str | None, int], list[str]]:
     """The JAX model's saved-for-backward bytes by module (its parameters differentiated)."""
-    from remat.analysis.explain import saved_bytes_by_module
+    from remat.analysis.explanation import saved_bytes_by_module
 
     graphdef, params, rest = nnx.split(jax_model, nnx.Param, ...)
 
@@ -151,10 +162,10 @@ def torch_saved_bytes(torch_model: Any, xs: list[Any], checkpointed: list[str]) 
         if not path:
             continue
 
-        def enter(mod: Any, args: Any, path: str = path) -> None:
+        def enter(mod: Any, args: Any, kwargs: Any, path: str = path) -> None:
             stack.append((path, saved[0]))
-            if path in checkpointed:
-                mod._remat_inputs = args  # kept if its forward saves nothing through our hooks
+            if path in checkpointed:  # kept if its forward saves nothing through our hooks
+                mod._remat_inputs = list(_tensors((args, kwargs)))
 
         def leave(mod: Any, args: Any, out: Any, path: str = path) -> None:
             _, before = stack.pop()
@@ -163,7 +174,7 @@ def torch_saved_bytes(torch_model: Any, xs: list[Any], checkpointed: list[str]) 
                 for a in inputs:  # what the checkpoint keeps (saved just before, outside the module)
                     count(a, path, recharge=True)
 
-        handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+        handles += [module.register_forward_pre_hook(enter, with_kwargs=True), module.register_forward_hook(leave)]
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = _loss_value(torch_model(*xs))
