@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -93,8 +94,8 @@ def _patch_nnx_classes() -> list[tuple[type, Callable[..., Any]]]:
     patched = []
     for cls in [nnx.Module, *_all_subclasses(nnx.Module)]:
         original = cls.__dict__.get("__call__")
-        if original is None or getattr(original, "_remat_scoped", False):
-            continue
+        if not inspect.isfunction(original) or getattr(original, "_remat_scoped", False):
+            continue  # absent, a descriptor, or already wrapped by another thread's block
         wrapper = _nnx_wrapper(original)
         cls.__call__ = wrapper
         patched.append((cls, original))
@@ -106,7 +107,7 @@ def _nnx_wrapper(call: Callable[..., Any]) -> Callable[..., Any]:
         naming = _active.get()
         if naming is None:  # another thread, or after the block: transparent
             return call(self, *args, **kwargs)
-        path = self.__dict__.get(_TAG)
+        path = getattr(self, "__dict__", {}).get(_TAG)
         if path is None:
             if naming.stack:  # made inside the model (not in the root's graph): unnamed
                 return call(self, *args, **kwargs)

@@ -44,6 +44,8 @@ def compile_with_buffer_assignment(lowered: Any) -> tuple[Any, HloProgram]:
     try:
         compiled = lowered.compile(compiler_options={"xla_dump_to": folder, **_DUMP_OPTIONS})
         found = sorted(glob.glob(os.path.join(folder, "*after_optimizations.hlo.pb")), key=os.path.getmtime)
+        name = _module_name(compiled)
+        found = [f for f in found if name and f".{name}." in os.path.basename(f)] or found
         if not found:
             raise RuntimeError("XLA wrote no optimized module for this backend; remat.explain reads XLA's "
                                "buffer assignment from it (CPU, GPU and TPU write one)")
@@ -52,6 +54,14 @@ def compile_with_buffer_assignment(lowered: Any) -> tuple[Any, HloProgram]:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return compiled, program
+
+
+def _module_name(compiled: Any) -> str | None:
+    """The optimized HLO module's name (the dump's file names carry it)."""
+    try:
+        return compiled.runtime_executable().hlo_modules()[0].name
+    except (AttributeError, IndexError, RuntimeError):
+        return None
 
 
 def checkpoint_primitive() -> Any:

@@ -50,7 +50,8 @@ class ExplainReport:
       temp_bytes: XLA's temp buffer, ``memory_analysis().temp_size_in_bytes``.
       peak_buffers: every buffer at the peak, largest first (:class:`PeakBuffer`): the
         temp buffer's live values and packing gaps, the arguments and the outputs.
-      attributed_fraction: the share of ``temp_bytes`` given a source line or a module.
+      attributed_fraction: the share of ``temp_bytes`` given a source line or a module (a
+        packing gap counts for the value XLA placed there; alignment padding does not).
       warnings: mistakes found, each with its fix.
       memory: all of ``memory_analysis()`` (:class:`~remat.analysis.CompiledMemory`).
       regions: the checkpointed regions: label, policy, bytes kept.
