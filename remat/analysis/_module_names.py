@@ -35,7 +35,7 @@ class _Naming:
 
     def __init__(self) -> None:
         self.tagged: list[Any] = []
-        self.stack: list[str] = []
+        self.stack: list[tuple[str, int]] = []  # (path, id of the module object) of the calls running
 
 
 _active: contextvars.ContextVar[_Naming | None] = contextvars.ContextVar("remat_module_scopes", default=None)
@@ -112,9 +112,11 @@ def _nnx_wrapper(call: Callable[..., Any]) -> Callable[..., Any]:
             if naming.stack:  # made inside the model (not in the root's graph): unnamed
                 return call(self, *args, **kwargs)
             path = _tag_graph(self, naming.tagged)  # a root: name its whole graph
-        if naming.stack and naming.stack[-1] == path:  # super().__call__ of the same module
+        if naming.stack and naming.stack[-1] == (path, id(self)):  # super().__call__ of the same object
             return call(self, *args, **kwargs)
-        naming.stack.append(path)
+        # (a copy of the module inside a checkpointed region names its scope again: the region's
+        # own jaxpr then carries the path of the module it checkpoints)
+        naming.stack.append((path, id(self)))
         try:
             with _scope(path):
                 return call(self, *args, **kwargs)

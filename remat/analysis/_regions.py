@@ -129,6 +129,21 @@ def _common_module(jaxpr: Any) -> str | None:
     return ".".join(common) or None
 
 
+def region_module(eqn: Any) -> str | None:
+    """The module a checkpointed region's backward equation checkpoints.
+
+    The modules called inside the region name its operations; a region whose own code runs
+    outside them (a module whose ``__call__`` was made the region, as
+    :func:`remat.apply_checkpointing` does) is the module it is called in.
+    """
+    inner = eqn.params["jaxpr"]
+    outer = module_of(xb.name_stack(eqn))
+    unscoped = any(module_of(xb.name_stack(e)) is None for e in _eqns(inner))
+    if outer and unscoped:
+        return outer
+    return _common_module(inner) or outer
+
+
 def _look_through(eqn: Any, producers: dict) -> tuple[Any, str | None]:
     """The equation that really made a value (past reduce_precision), and its checkpoint name."""
     name = None
@@ -169,7 +184,7 @@ def regions(closed_jaxpr: Any) -> list[RegionInfo]:
             inner = eqn.params["jaxpr"]
             policy = eqn.params.get("policy")
             label_policy, saveable = describe_policy(policy)
-            module = _common_module(inner)
+            module = region_module(eqn)
             # where remat.checkpoint was called; else (a decorated function called by JAX) its first line
             source = format_source(user_frame(xb.frames(eqn)) or next(
                 (f for f in (user_frame(xb.frames(e)) for e in _eqns(inner)) if f), None))
@@ -249,7 +264,7 @@ def kept_bytes_by_module(closed_jaxpr: Any) -> tuple[dict[str | None, int], list
     for eqn in jaxpr.eqns:  # in backward order, so the last reader is the first in forward order
         region = eqn.primitive is remat_p and eqn.params.get("differentiated")
         if region:
-            module = _common_module(eqn.params["jaxpr"])
+            module = region_module(eqn)
             region_modules.append(module)
         elif "transpose(" in xb.name_stack(eqn):
             module = module_of(xb.name_stack(eqn))
