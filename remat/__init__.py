@@ -11,6 +11,7 @@ The public surface::
     remat.residual_budget(0.5)                       # per region: keep at most half its residual bytes
     remat.analysis                                   # residuals, compiled memory, RSS, comparisons
     remat.plan(loss, *args, budget=0.5)              # the fastest checkpointing that fits a budget
+    remat.explain(jax.grad(loss), *args)             # every byte at the compiled peak, attributed
     remat.keep_freed_memory()                        # glibc keeps XLA:CPU's freed buffers for reuse
 
 Importing ``remat`` is cheap and changes nothing: no environment variable, no XLA flag,
@@ -40,6 +41,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "saved_residuals": ("remat.analysis", "saved_residuals"),
     "compiled_memory": ("remat.analysis", "compiled_memory"),
     "compare_policies": ("remat.analysis", "compare_policies"),
+    "explain": ("remat.analysis.explanation", "explain"),
     "peak_rss_bytes": ("remat.analysis", "peak_rss_bytes"),
     "scan_layers": ("remat.scan", "scan_layers"),
     "stack_nnx_layers": ("remat.scan", "stack_nnx_layers"),
@@ -72,6 +74,7 @@ if TYPE_CHECKING:
     from remat.analysis import saved_residuals as saved_residuals
     from remat.analysis.allocator import keep_freed_memory as keep_freed_memory
     from remat.analysis.budget import residual_budget as residual_budget
+    from remat.analysis.explanation import explain as explain
     from remat.planner import plan as plan
     from remat.policies import CheckpointPolicy as CheckpointPolicy
     from remat.scan import scan_layers as scan_layers

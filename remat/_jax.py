@@ -109,6 +109,45 @@ def has_ordered_effects(jaxpr: Any) -> bool:
     return bool(list(effects.ordered_effects.filter_in(jaxpr.effects)))
 
 
+def name_primitive() -> Any:
+    """The primitive :func:`jax.ad_checkpoint.checkpoint_name` binds."""
+    from jax._src import ad_checkpoint
+
+    return ad_checkpoint.name_p
+
+
+def reduce_precision_primitive() -> Any:
+    """The primitive of ``jax.lax.reduce_precision`` (bf16 islands that explain attributes)."""
+    from jax._src.lax import lax as lax_internal
+
+    return lax_internal.reduce_precision_p
+
+
+def name_stack(eqn: Any) -> str:
+    """An equation's name stack as text, e.g. ``"transpose(jvp(@blocks.0))/@blocks.0.attn"``."""
+    return str(eqn.source_info.name_stack)
+
+
+def frames(eqn: Any) -> list[tuple[str, int, str]]:
+    """An equation's Python frames of user code ``(file, line, function)``, innermost first."""
+    from jax._src import source_info_util
+
+    traceback = eqn.source_info.traceback
+    if traceback is None:
+        return []
+    return [(f.file_name, f.start_line, f.function_name) for f in source_info_util.user_frames(traceback)]
+
+
+def eqn_subjaxprs(eqn: Any) -> Iterator[Any]:
+    """The jaxprs one equation's parameters hold (a scan's body, a region, a jit, ...)."""
+    from jax._src import core
+
+    for param in eqn.params.values():
+        for value in (param if isinstance(param, (tuple, list)) else (param,)):
+            if isinstance(value, (core.Jaxpr, core.ClosedJaxpr)):
+                yield value
+
+
 def remat3_setting() -> Any:
     """The ``jax_remat3`` setting (called with a bool, a thread-local context), or None before JAX 0.10.2."""
     from jax._src import config

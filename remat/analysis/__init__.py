@@ -12,7 +12,8 @@ Three views, from cheapest to most honest:
   high-water mark of resident memory.
 
 :func:`compare_policies` puts residual bytes, compiled temp bytes and step time side by
-side for several checkpoint policies, and can plot them.
+side for several checkpoint policies, and can plot them. :func:`explain` attributes every
+byte at the peak of one compiled step (kind, module, source line, region, policy rule).
 
 The measuring kernel every report of remat (and the benchmarks) goes through:
 :func:`compiled_step` (compile ``jit(grad(fn))`` once: executable and bytes),
@@ -41,6 +42,7 @@ from remat._core.residuals import (
 )
 from remat.analysis.compare import DEFAULT_POLICIES, PolicyComparison, PolicyResult, compare_policies, with_policy
 from remat.analysis.compiled import CompiledMemory, CompiledStep, compiled_memory, compiled_step
+from remat.analysis.explanation import ExplainReport, PeakBuffer, explain
 from remat.analysis.process import (
     PeakRSS,
     RSSMeasurement,
@@ -57,7 +59,9 @@ __all__ = [
     "DEFAULT_POLICIES",
     "CompiledMemory",
     "CompiledStep",
+    "ExplainReport",
     "PolicyComparison",
+    "PeakBuffer",
     "PeakRSS",
     "PolicyResult",
     "RSSMeasurement",
@@ -69,6 +73,7 @@ __all__ = [
     "compiled_memory",
     "compiled_step",
     "current_rss_bytes",
+    "explain",
     "format_bytes",
     "names_in_jaxpr",
     "peak_rss_bytes",

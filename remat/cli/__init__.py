@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "crosscheck": "remat.cli.crosscheck",
     "profile": "remat.cli.profile",
     "plan": "remat.cli.plan",
+    "explain": "remat.cli.explain",
     "train": "remat.cli.train",
 }
 

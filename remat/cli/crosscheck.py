@@ -51,6 +51,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rtol", type=float, default=None, help="override the dtype's default rtol")
     parser.add_argument("--atol", type=float, default=None, help="override the dtype's default atol")
+    parser.add_argument("--memory", action="store_true",
+                        help="instead of gradients: saved-for-backward bytes per module of both twins, modules "
+                             "that differ by more than 10%% named")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
@@ -175,6 +178,10 @@ def run(args: argparse.Namespace) -> int:
     jax_model, torch_model, inputs, targets, whole, label = _load(args, settings)
     if args.checkpoint and not is_no_checkpoint(args.policy):
         label, whole = _apply_checkpointing(args, jax_model, torch_model), False
+    if args.memory:
+        from remat.cli._crosscheck_memory import run_memory
+
+        return run_memory(args, jax_model, torch_model, inputs, label)
     rtol, atol = _tolerances(args)
     mode = None if args.mode == "auto" else (("train", "eval") if args.mode == "both" else args.mode)
     grads = crosscheck.compare_gradients(jax_model, torch_model, inputs, dtype=args.dtype, mode=mode,

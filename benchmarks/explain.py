@@ -1,0 +1,80 @@
+"""``python -m benchmarks.explain``: what ``remat.explain`` costs, as a ratio to one plain compile of the step.
+
+For each model, in interleaved rounds: the step ``jax.grad(loss)`` traced, lowered and
+compiled plainly (``jax.jit(step).lower(*args).compile()``), and explained
+(:func:`remat.explain`: the same compile with XLA's buffer assignment written for it,
+plus the attribution). Each round uses a step of a new name, so neither JAX's trace cache
+nor its compilation cache serves a later round. Prints medians and the ratio as a
+Markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from remat.analysis.explanation import explain
+
+# (registry name, policy, sizes): the README's profile sizes for the transformer
+CASES: tuple[tuple[str, str, dict[str, int]], ...] = (
+    ("mlp", "nothing", {"depth": 8, "width": 256, "batch_size": 256}),
+    ("transformer", "dots", {"depth": 4, "width": 128, "seq_len": 128, "batch_size": 8}),
+    ("cnn", "nothing", {}),
+)
+
+
+def _renamed(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def step(*args: Any) -> Any:
+        return fn(*args)
+
+    step.__name__ = step.__qualname__ = name
+    return step
+
+
+def measure(model: str, policy: str, sizes: dict[str, int], rounds: int = 3) -> dict[str, Any]:
+    """Median seconds of a plain compile and of an explanation of one model's gradient step."""
+    from remat.models.tasks import make_task, pure_step_loss
+
+    loss, args = pure_step_loss(make_task(model, policy=policy, **sizes))
+    grad = jax.grad(loss)
+    plain, explained, compile_part = [], [], []
+    for i in range(rounds):
+        t0 = time.perf_counter()
+        jax.jit(_renamed(grad, f"plain_{i}")).lower(*args).compile()
+        plain.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        report = explain(_renamed(grad, f"explained_{i}"), *args)
+        explained.append(time.perf_counter() - t0)
+        compile_part.append(report.compile_s)
+    p, e = statistics.median(plain), statistics.median(explained)
+    return {"model": model, "policy": policy, "plain_s": p, "explain_s": e, "ratio": e / p,
+            "explain_compile_s": statistics.median(compile_part), "temp_bytes": report.temp_bytes,
+            "attributed": report.attributed_fraction}
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| model | policy | plain compile (s) | remat.explain (s) | of which compiling (s) | ratio | attributed |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['policy']} | {r['plain_s']:.2f} | {r['explain_s']:.2f} | "
+                     f"{r['explain_compile_s']:.2f} | {r['ratio']:.2f} | {r['attributed']:.1%} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.explain", description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per model (median)")
+    args = parser.parse_args(argv)
+    print(f"jax {jax.__version__}, backend {jax.default_backend()}, {args.rounds} rounds, medians")
+    print(markdown([measure(m, p, s, args.rounds) for m, p, s in CASES]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
