@@ -14,7 +14,7 @@ import contextlib
 import sys
 from typing import Any
 
-from remat._names import NO_CHECKPOINT_ALIAS, POLICY_NAMES
+from remat._names import POLICY_NAMES
 from remat.cli._common import (
     EXIT_OK,
     UsageError,
@@ -28,7 +28,7 @@ from remat.cli._common import (
 HELP = "explain a step's compiled memory: every buffer at the peak with its kind, module, line and policy rule"
 EXAMPLE = "remat explain transformer --policy dots --plot memory.png --trace memory.json"
 
-POLICIES = (*POLICY_NAMES, NO_CHECKPOINT_ALIAS, "names")
+POLICIES = (*POLICY_NAMES, "names")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
