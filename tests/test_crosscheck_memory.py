@@ -67,6 +67,7 @@ def test_saved_bytes_per_module_match_pytorch_and_a_greedy_gelu_is_named():
     assert row.jax_bytes > row.torch_bytes
 
 
+@pytest.mark.slow
 def test_crosscheck_memory_of_a_checkpointed_twin(capsys):
     pytest.importorskip("torch")
     assert main(["crosscheck", "transformer", "--memory", "--json"]) == 0
