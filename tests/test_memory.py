@@ -328,3 +328,18 @@ def test_profile_cli_json_and_errors(capsys, tmp_path):
     assert "unknown model 'resnet'; use one of seed-model, seed-mymodel, mlp, transformer, cnn" in err
     assert main(["profile", "mlp", "--policies", "dots,often"]) == 2
     assert "often" in capsys.readouterr().err
+
+
+def test_plotting_leaves_the_host_programs_matplotlib_backend_alone(tmp_path):
+    import matplotlib
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")  # the host program's choice, which matplotlib.use("Agg") in remat once replaced
+    try:
+        ps, x = _mlp_params(2), jnp.ones((8, 32))
+        table = compare_policies(_mlp_factory, ps, x, policies=("nothing",), steps=1)
+        table.plot(tmp_path / "p.png")
+        assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        matplotlib.use(before)

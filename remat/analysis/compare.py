@@ -130,12 +130,14 @@ class PolicyComparison:
         Returns:
           ``str(path)``.
         """
-        import matplotlib  # lazily: importing remat.analysis must stay light
+        # lazily: importing remat.analysis must stay light; a Figure with its own Agg canvas
+        # leaves the host program's pyplot backend alone
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+        fig = Figure(figsize=(6.4, 4.2), dpi=120)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
         ms = [r.step_time_s * 1e3 for r in self.results]
         temp = [r.temp_bytes / 2**20 for r in self.results]
         res = [r.residual_bytes / 2**20 for r in self.results]
@@ -150,7 +152,6 @@ class PolicyComparison:
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(os.fspath(path), format="png")
-        plt.close(fig)
         return os.fspath(path)
 
 
