@@ -274,7 +274,7 @@ def test_torch_compile_variants_count_what_the_compiled_backward_saves():
     eager_prog.step()
     g0 = [p.grad.clone() for p in eager_prog.params]
     lean.step()
-    for a, b in zip(lean.params, g0):
+    for a, b in zip(lean.params, g0, strict=True):
         torch.testing.assert_close(a.grad, b, rtol=1e-5, atol=1e-6)
 
 

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_trees_close
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -78,8 +79,7 @@ def test_budget_in_bytes_and_jit_and_nnx():
     x = jnp.ones((4, 8))
     g1 = nnx.state(nnx.grad(lambda m: m(x).sum())(Net(True)))
     g0 = nnx.state(nnx.grad(lambda m: m(x).sum())(Net(False)))
-    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    assert_trees_close(g1, g0, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), "half", True])

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_trees_close
 from jax import lax
 
 import remat
@@ -227,8 +228,7 @@ def test_flax_remat_inside_flax_scans_with_remat_lowering_installed():
         ck = nn.remat(Cell, prevent_cse=cse)
         got = jax.jit(jax.grad(linen_loss), static_argnums=1)(params, ck)
         want = jax.grad(linen_loss)(params, Cell)
-        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        assert_trees_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 # --- JAX's remat3 (jax_remat3) ----------------------------------------------------------

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_trees_close
 from flax import nnx
 
 import remat
@@ -83,8 +84,7 @@ def test_layer_norm_parameter_gradients_match_reference():
     loss = lambda fn: (lambda s, b: jnp.sum(fn(x, s, b) ** 3))  # noqa: E731
     lean = jax.grad(loss(ops.layer_norm), argnums=(0, 1))(scale, bias)
     ref = jax.grad(loss(_ln_reference), argnums=(0, 1))(scale, bias)
-    for a, b in zip(lean, ref):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+    assert_trees_close(lean, ref, rtol=1e-5, atol=1e-4)
 
 
 def test_layer_norm_module_matches_flax_and_falls_back_with_mask():
@@ -122,8 +122,7 @@ def test_inside_checkpoint_gradients_are_unchanged(policy):
     plain = jax.grad(lambda v, s: jnp.sum(block(v, s) ** 2), argnums=(0, 1))(x, scale)
     ckpt = jax.grad(lambda v, s: jnp.sum(remat.checkpoint(block, v, s, policy=policy) ** 2),
                     argnums=(0, 1))(x, scale)
-    for a, b in zip(plain, ckpt):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    assert_trees_close(plain, ckpt, rtol=1e-6, atol=1e-6)
 
 
 def test_vmap_and_scan_compose():

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import nonarg_residuals
+from conftest import assert_trees_close, nonarg_residuals
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -87,8 +87,7 @@ def _assert_grads_equal(f_ck, f_plain, w, x):
     v_ck, g_ck = jax.jit(jax.value_and_grad(f_ck, argnums=(0, 1)))(w, x)
     v_pl, g_pl = jax.jit(jax.value_and_grad(f_plain, argnums=(0, 1)))(w, x)
     np.testing.assert_allclose(v_ck, v_pl, rtol=1e-5, atol=1e-6)
-    for a, b in zip(g_ck, g_pl):
-        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+    assert_trees_close(g_ck, g_pl, rtol=2e-4, atol=2e-5)
 
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

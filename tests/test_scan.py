@@ -37,7 +37,7 @@ def assert_trees_close(a, b, rtol=1e-5):
     """Equal to float32 accuracy: ``rtol`` relative to each leaf's largest entry."""
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
     assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(la, lb):
+    for x, y in zip(la, lb, strict=True):
         y = np.asarray(y)
         scale = float(np.max(np.abs(y))) if y.size else 0.0
         np.testing.assert_allclose(np.asarray(x), y, rtol=rtol, atol=rtol * scale + 1e-7)

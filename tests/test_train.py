@@ -258,7 +258,7 @@ def test_two_processes_give_the_one_process_losses_and_resume(mlp_run, tmp_path)
     save = str(tmp_path / "run")
     first = _two_processes("mlp", "--steps", "10", "--save-every", "5", "--save-dir", save, *TINY["mlp"])
     resumed = _two_processes("mlp", "--steps", "20", "--resume", "--save-dir", save, *TINY["mlp"])
-    for a, b in zip(first, resumed):
+    for a, b in zip(first, resumed, strict=True):
         assert a["devices"] == b["devices"] == 4 and a["processes"] == 2
         assert b["resumed_from"] == 10
         np.testing.assert_allclose(b["losses"], mlp_run["losses"], rtol=2e-5, atol=1e-6)
