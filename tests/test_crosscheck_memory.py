@@ -57,7 +57,7 @@ def _gelu_twins(lean: bool):
 
 
 def test_saved_bytes_per_module_match_pytorch_and_a_greedy_gelu_is_named():
-    from remat.torch.memory import compare_saved_bytes
+    from remat.crosscheck.memory import compare_saved_bytes
 
     report = compare_saved_bytes(*_gelu_twins(lean=True), depth=1)
     assert not report.differing and report.jax_total == report.torch_total > 0

@@ -31,8 +31,8 @@ def _run_python(code: str) -> subprocess.CompletedProcess:
 
 
 def _grads(model, *xs):
-    """Parameter gradients of ``sum(model(*xs))``, compiled once (quickly: see remat.torch.harness._jit)."""
-    from remat.torch.harness import _jit
+    """Parameter gradients of ``sum(model(*xs))``, compiled once (quickly: see remat.crosscheck.harness._jit)."""
+    from remat.crosscheck.harness import _jit
 
     graphdef, state = nnx.split(model)
     return _jit(lambda s, *a: nnx.grad(lambda m: jnp.sum(m(*a)))(nnx.merge(graphdef, s)))(state, *xs)

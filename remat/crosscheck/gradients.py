@@ -9,7 +9,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from remat.torch.harness import (
+from remat.crosscheck.harness import (
     _buffers,
     _call_torch,
     _cast_jax_model,
@@ -29,12 +29,12 @@ from remat.torch.harness import (
     _torch_tensors,
     _wrap_jax,
 )
-from remat.torch.layouts import torch_name
-from remat.torch.lazy import _torch
-from remat.torch.outputs import jax_sum, select, selectors, torch_arrays, torch_sum
-from remat.torch.pytrees import as_nnx
-from remat.torch.report import TOLERANCES, GradientReport, Row, _param_rows, _row, _tolerances
-from remat.torch.weights import TorchNaming, _state_dict, _to_numpy, _variables
+from remat.crosscheck.layouts import torch_name
+from remat.crosscheck.lazy import _torch
+from remat.crosscheck.outputs import jax_sum, select, selectors, torch_arrays, torch_sum
+from remat.crosscheck.pytrees import as_nnx
+from remat.crosscheck.report import TOLERANCES, GradientReport, Row, _param_rows, _row, _tolerances
+from remat.crosscheck.weights import TorchNaming, _state_dict, _to_numpy, _variables
 
 
 def _loss_pair(loss: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -87,7 +87,7 @@ def compare_gradients(
 
     Args:
       jax_model: an NNX module; or ``(linen_module, variables)`` or ``(apply_fn, params)``
-        (:func:`~remat.torch.pytrees.as_nnx`; call it yourself to give Linen train/eval
+        (:func:`~remat.crosscheck.pytrees.as_nnx`; call it yourself to give Linen train/eval
         keyword arguments). Load the twin's weights first (:func:`load_torch_state`);
         variables that hold no value (``nnx.eval_shape``) raise one ``ValueError`` naming them.
       torch_model: the ``torch.nn.Module``, HF ``transformers`` models as they come.
@@ -118,7 +118,7 @@ def compare_gradients(
       rename: the ``rename=`` given to :func:`load_torch_state`, when the names differ.
       output: what to compare: a function of a model's output (``lambda o: o.logits``),
         applied to each side whose output is a container (a single array is taken as it
-        is), or a pair ``(jax_select, torch_select)``; see :mod:`remat.torch.outputs`.
+        is), or a pair ``(jax_select, torch_select)``; see :mod:`remat.crosscheck.outputs`.
         Without it, every array leaf is compared and the others (a ``DynamicCache``) are
         named in ``report.skipped``.
       layouts: per-tensor layout override, as for :func:`load_torch_state` (by default

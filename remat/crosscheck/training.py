@@ -37,7 +37,7 @@ import numpy as np
 from flax import nnx
 
 from remat._names import CROSSCHECK_OPTIMIZERS
-from remat.torch.harness import (
+from remat.crosscheck.harness import (
     _buffers,
     _call_torch,
     _cast_jax_model,
@@ -56,12 +56,12 @@ from remat.torch.harness import (
     _torch_tensors,
     _wrap_jax,
 )
-from remat.torch.layouts import torch_name
-from remat.torch.lazy import _torch
-from remat.torch.outputs import only_array, select, selectors
-from remat.torch.pytrees import as_nnx
-from remat.torch.report import TRAINING_TOLERANCES, TrainingReport, _param_rows, _row, _tolerances
-from remat.torch.weights import TorchNaming, _to_numpy, _variables
+from remat.crosscheck.layouts import torch_name
+from remat.crosscheck.lazy import _torch
+from remat.crosscheck.outputs import only_array, select, selectors
+from remat.crosscheck.pytrees import as_nnx
+from remat.crosscheck.report import TRAINING_TOLERANCES, TrainingReport, _param_rows, _row, _tolerances
+from remat.crosscheck.weights import TorchNaming, _to_numpy, _variables
 
 OPTIMIZERS = CROSSCHECK_OPTIMIZERS
 

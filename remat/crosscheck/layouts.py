@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from remat.torch.lazy import _torch
+from remat.crosscheck.lazy import _torch
 
 LAYOUTS = ("linear", "conv", "conv_transpose", "same")
 

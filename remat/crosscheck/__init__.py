@@ -1,4 +1,4 @@
-"""Cross-framework checks: a Flax NNX model against its PyTorch twin (public as ``remat.crosscheck``).
+"""Cross-framework checks: a Flax NNX model against its PyTorch twin.
 
 Three tools:
 
@@ -16,19 +16,19 @@ PyTorch is imported only inside these functions; without it they raise ``ImportE
 
 The modules, from the bottom up:
 
-* :mod:`remat.torch.lazy`: torch imported on first use, with the install hint.
-* :mod:`remat.torch.layouts`: each tensor's layout from its owning torch module
+* :mod:`remat.crosscheck.lazy`: torch imported on first use, with the install hint.
+* :mod:`remat.crosscheck.layouts`: each tensor's layout from its owning torch module
   (``nn.Linear``, HF ``Conv1D``, convolutions), ``layouts=`` overrides, tied tensors.
-* :mod:`remat.torch.pytrees`: Linen modules and ``(apply_fn, params)`` as NNX modules
+* :mod:`remat.crosscheck.pytrees`: Linen modules and ``(apply_fn, params)`` as NNX modules
   (:func:`as_nnx`), under the same naming convention.
-* :mod:`remat.torch.outputs`: outputs as they come (HF ``ModelOutput`` s, caches) and the
+* :mod:`remat.crosscheck.outputs`: outputs as they come (HF ``ModelOutput`` s, caches) and the
   ``output=`` selector.
-* :mod:`remat.torch.weights`: names (the naming convention) and :func:`load_torch_state`.
-* :mod:`remat.torch.checkpoint`: :func:`torch_checkpoint`.
-* :mod:`remat.torch.report`: rows, tolerances (why they are what they are) and the reports.
-* :mod:`remat.torch.harness`: what both comparisons share (dtypes, modes, layouts, calls).
-* :mod:`remat.torch.gradients`: :func:`compare_gradients`.
-* :mod:`remat.torch.training`: :func:`compare_training` and the optimizer mapping.
+* :mod:`remat.crosscheck.weights`: names (the naming convention) and :func:`load_torch_state`.
+* :mod:`remat.crosscheck.checkpoint`: :func:`torch_checkpoint`.
+* :mod:`remat.crosscheck.report`: rows, tolerances (why they are what they are) and the reports.
+* :mod:`remat.crosscheck.harness`: what both comparisons share (dtypes, modes, layouts, calls).
+* :mod:`remat.crosscheck.gradients`: :func:`compare_gradients`.
+* :mod:`remat.crosscheck.training`: :func:`compare_training` and the optimizer mapping.
 
 Example:
   >>> from remat.crosscheck import compare_gradients, load_torch_state
@@ -38,14 +38,14 @@ Example:
 """
 from __future__ import annotations
 
-from remat.torch.checkpoint import torch_checkpoint
-from remat.torch.gradients import compare_gradients
-from remat.torch.layouts import LAYOUTS, LayoutWarning
-from remat.torch.lazy import TORCH_MISSING
-from remat.torch.pytrees import PytreeModel, as_nnx
-from remat.torch.report import TOLERANCES, TRAINING_TOLERANCES, GradientReport, Row, TrainingReport
-from remat.torch.training import OPTIMIZERS, compare_training, make_optimizers
-from remat.torch.weights import (
+from remat.crosscheck.checkpoint import torch_checkpoint
+from remat.crosscheck.gradients import compare_gradients
+from remat.crosscheck.layouts import LAYOUTS, LayoutWarning
+from remat.crosscheck.lazy import TORCH_MISSING
+from remat.crosscheck.pytrees import PytreeModel, as_nnx
+from remat.crosscheck.report import TOLERANCES, TRAINING_TOLERANCES, GradientReport, Row, TrainingReport
+from remat.crosscheck.training import OPTIMIZERS, compare_training, make_optimizers
+from remat.crosscheck.weights import (
     LoadReport,
     StateDictMismatchError,
     load_torch_state,

@@ -3,7 +3,7 @@
 A Linen variables dict ``{"params": ..., "batch_stats": ...}`` or any parameter pytree
 is held as NNX variables (``params`` -> ``nnx.Param``, ``batch_stats`` ->
 ``nnx.BatchStat``, other collections -> plain ``nnx.Variable``, neither loaded nor
-compared) under the same naming convention as NNX (:mod:`remat.torch.weights`): the path
+compared) under the same naming convention as NNX (:mod:`remat.crosscheck.weights`): the path
 inside the collection joined with ``.``, the leaf renamed (``Dense_0/kernel`` ->
 ``Dense_0.weight``, ``BatchNorm_0/mean`` -> ``BatchNorm_0.running_mean``). Linen's
 automatic names (``Dense_0``, a ``setup`` list's ``blocks_0``) are kept as they are: name

@@ -16,10 +16,10 @@ renamed and re-laid-out by the kind of layer that owns it:
 | ``var`` (BatchStat) | ``running_var`` | unchanged |
 | anything else | the same name | unchanged (``bias``, your own ``nnx.Param``) |
 
-Layouts come from the torch module that owns each tensor (:mod:`remat.torch.layouts`;
+Layouts come from the torch module that owns each tensor (:mod:`remat.crosscheck.layouts`;
 ``layouts=`` overrides them); tensors that share storage (tied embeddings) count once.
 Linen variables dicts and parameter pytrees follow the same convention
-(:mod:`remat.torch.pytrees`). torch's ``num_batches_tracked`` is ignored. So a user's
+(:mod:`remat.crosscheck.pytrees`). torch's ``num_batches_tracked`` is ignored. So a user's
 models convert as they are when their attribute names match (``self.blocks =
 nnx.data([...])`` against an ``nn.ModuleList`` called ``blocks``, ``self.fc1`` against
 ``self.fc1``); when they differ, pass ``rename=`` (a mapping or a function from torch
@@ -36,9 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from remat.torch.layouts import Layouts, guess, tied_groups, to_flax, to_torch, torch_name
-from remat.torch.lazy import _torch
-from remat.torch.pytrees import PytreeModel
+from remat.crosscheck.layouts import Layouts, guess, tied_groups, to_flax, to_torch, torch_name
+from remat.crosscheck.lazy import _torch
+from remat.crosscheck.pytrees import PytreeModel
 
 _LEAF_TO_TORCH = {"kernel": "weight", "scale": "weight", "embedding": "weight"}
 _STAT_TO_TORCH = {"mean": "running_mean", "var": "running_var"}
@@ -242,7 +242,7 @@ def load_torch_state(
 
     Names map structurally (see the module docstring): torch ``blocks.0.attn.qkv.weight``
     fills NNX ``blocks/0/attn/qkv/kernel``. Each kernel takes the layout of the torch
-    module that owns it (:mod:`remat.torch.layouts`: ``nn.Linear`` transposed, HF
+    module that owns it (:mod:`remat.crosscheck.layouts`: ``nn.Linear`` transposed, HF
     ``Conv1D`` as it is, convolutions OIHW -> HWIO). Tensors that share storage (tied
     embeddings) are loaded once. Every entry is checked before anything is copied, so on
     an error the target is unchanged.
@@ -253,7 +253,7 @@ def load_torch_state(
         immutable: a new one is returned.
       source: a ``torch.nn.Module``, or a state dict of torch tensors or NumPy arrays
         (owners unknown: a kernel's layout is guessed from its rank, and a square one is
-        named in a :class:`~remat.torch.layouts.LayoutWarning`).
+        named in a :class:`~remat.crosscheck.layouts.LayoutWarning`).
       strict: when True (the default), missing, unexpected and mis-shaped entries raise
         one :class:`StateDictMismatchError` naming all of them; when False, matching
         entries are copied and the rest reported.

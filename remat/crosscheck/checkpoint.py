@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from remat.torch.lazy import _torch
+from remat.crosscheck.lazy import _torch
 
 
 def torch_checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

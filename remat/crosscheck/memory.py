@@ -25,8 +25,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from remat._core.residuals import format_bytes
-from remat.torch.harness import _channels_last, _inputs, _jax_arrays, _torch_tensors
-from remat.torch.lazy import _torch
+from remat.crosscheck.harness import _channels_last, _inputs, _jax_arrays, _torch_tensors
+from remat.crosscheck.lazy import _torch
 
 OUTSIDE = "(outside every module)"
 _WRAPPED = "._checkpoint_wrapped_module"  # torch.distributed's checkpoint_wrapper inserts it in names

@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from remat.torch.checkpoint import torch_checkpoint
-from remat.torch.layouts import torch_name
-from remat.torch.lazy import _torch
-from remat.torch.outputs import Select, select
-from remat.torch.report import TOLERANCES
-from remat.torch.weights import _to_numpy, _variables
+from remat.crosscheck.checkpoint import torch_checkpoint
+from remat.crosscheck.layouts import torch_name
+from remat.crosscheck.lazy import _torch
+from remat.crosscheck.outputs import Select, select
+from remat.crosscheck.report import TOLERANCES
+from remat.crosscheck.weights import _to_numpy, _variables
 
 
 def _check_loaded(model: nnx.Module, where: str) -> None:

@@ -14,7 +14,7 @@ entry-wise relative errors are meaningless for entries that are zero up to round
   reordering costs ~1e-16 per operation. JAX's x64 mode is global, so the comparison runs
   inside ``jax.enable_x64(True)`` on float64 copies of both models and leaves the rest of
   the program in float32.
-* **training** (:func:`remat.torch.training.compare_training`): differences compound over
+* **training** (:func:`remat.crosscheck.training.compare_training`): differences compound over
   steps, and Adam's ``m / (sqrt(v) + eps)`` amplifies them for entries whose gradient is
   ~0, so the float32 defaults are looser (``rtol=1e-3, atol=1e-5``); float64 stays tight
   (``rtol=1e-10, atol=1e-12``). A parameter whose gradient is exactly zero in theory (a
@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from remat.torch.layouts import to_torch
-from remat.torch.weights import TorchNaming, _tied_line, _to_numpy
+from remat.crosscheck.layouts import to_torch
+from remat.crosscheck.weights import TorchNaming, _tied_line, _to_numpy
 
 TOLERANCES: dict[str, tuple[float, float]] = {"float32": (1e-4, 1e-6), "float64": (1e-10, 1e-12)}
 TRAINING_TOLERANCES: dict[str, tuple[float, float]] = {"float32": (1e-3, 1e-5), "float64": (1e-10, 1e-12)}
