@@ -181,7 +181,7 @@ def register_cpu_lowering(primitive: Any, rule: Any) -> None:
 def mlir_modules() -> tuple[Any, Any, Any]:
     """``(mlir, ir, hlo)``: JAX's lowering helpers, the MLIR core and the StableHLO dialect."""
     from jax._src.interpreters import mlir
-    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir import ir  # pyright: ignore[reportPrivateImportUsage]
     from jax._src.lib.mlir.dialects import hlo
 
     return mlir, ir, hlo
@@ -196,7 +196,7 @@ def ir_type(ctx: Any, aval: Any) -> Any:
 
     if _ir_type_takes_context():
         return mlir.aval_to_ir_type(ctx.module_context, aval)
-    return mlir.aval_to_ir_type(aval)
+    return mlir.aval_to_ir_type(aval)  # pyright: ignore[reportCallIssue]  (the older signature)
 
 
 @functools.cache

@@ -89,11 +89,11 @@ def test_bad_fractions_are_value_errors(bad):
 
 
 def test_budget_outside_remat_checkpoint_says_how_to_use_it():
-    from jax._src import config
+    from remat._core.lowering import classic_remat
 
     # JAX's remat3 consults no callable policy at all, so the misuse can only be caught
     # where jax.checkpoint asks the policy: its checkpoint primitive
-    with config.remat3(False), pytest.raises(TypeError, match="policy= of remat.checkpoint"):
+    with classic_remat(), pytest.raises(TypeError, match="policy= of remat.checkpoint"):
         jax.grad(lambda x: jax.checkpoint(jnp.sin, policy=ResidualBudget(0.5))(x).sum())(X)
 
 

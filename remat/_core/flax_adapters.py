@@ -65,7 +65,7 @@ def nnx_bound(function: Any) -> tuple[list[Any], Callable[[Sequence[Any]], Calla
         method = function.__func__  # not the bound method: it would keep the original module
         return [owner], lambda nodes: method.__get__(nodes[0])
     nodes, rebuild = captured(function, is_nnx_node)
-    return (nodes, rebuild) if nodes else None
+    return (nodes, rebuild) if nodes and rebuild is not None else None
 
 
 def captured(
@@ -78,9 +78,10 @@ def captured(
     """
     if not isinstance(fn, types.FunctionType) or not fn.__closure__ or _depth > 4:
         return [], None
+    closure = fn.__closure__
     found: list[Any] = []
     parts: list[tuple[int, int, Callable[..., Any] | None] | None] = []
-    for cell in fn.__closure__:
+    for cell in closure:
         try:
             value = cell.cell_contents
         except ValueError:  # a cell not yet assigned
@@ -98,7 +99,7 @@ def captured(
 
     def rebuild(values: Sequence[Any]) -> Callable[..., Any]:
         cells = []
-        for cell, part in zip(fn.__closure__, parts):
+        for cell, part in zip(closure, parts):
             if part is None:
                 cells.append(cell)
                 continue
@@ -122,7 +123,9 @@ def nnx_remat(fn: Callable[..., Any], *, policy: Any, prevent_cse: bool | tuple,
     outside it) ``nnx.remat``'s tree mode writes back only the Variables the region changed:
     the untouched parameters are never written, so the modules stay valid.
     """
-    return nnx.remat(fn, policy=mark_region(policy), prevent_cse=prevent_cse,
+    # nnx.remat hands prevent_cse to jax.checkpoint, which takes a bool per argument too
+    # (flax annotates it as bool only)
+    return nnx.remat(fn, policy=mark_region(policy), prevent_cse=prevent_cse,  # pyright: ignore[reportArgumentType]
                      graph_updates=None if in_place else False)
 
 
@@ -200,7 +203,7 @@ def linen_call(function: Any, module: nn.Module, opts: CheckpointOptions, args: 
         a, k = call.rebuild(dynamic)
         if lifted_first_arg:
             out = function(mdl, *a, **k)
-        elif closure:
+        elif rebuild is not None:
             out = rebuild([mdl] * len(closure))(*a, **k)  # the closure, on the lifted copy
         elif isinstance(function, nn.Module):
             out = mdl(*a, **k)
@@ -231,7 +234,7 @@ def _is_own_method(module: nn.Module, function: Any) -> bool:
 
 
 def linen_call_children(
-    parent: nn.Module, children: list[nn.Module], body: Callable[[list[nn.Module], Any], Any],
+    parent: nn.Module, children: list[Any], body: Callable[[list[Any], Any], Any],
     opts: CheckpointOptions, x: Any,
 ) -> Any:
     """Runs ``body(children, x)`` as one region lifted over the children's common parent.

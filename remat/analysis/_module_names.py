@@ -134,7 +134,7 @@ def _tag_graph(root: Any, tagged: list[Any]) -> str:
 
     for path, node in nnx.iter_graph(root):
         if isinstance(node, nnx.Module) and _TAG not in node.__dict__:
-            node.__dict__[_TAG] = ".".join(map(str, path))
+            vars(node)[_TAG] = ".".join(map(str, path))
             tagged.append(node)
     return root.__dict__.get(_TAG, "")
 

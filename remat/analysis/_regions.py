@@ -70,7 +70,7 @@ def describe_policy(policy: Any) -> tuple[str, tuple[str, ...]]:
     kind = type(inner).__name__
     if kind == "DotsSaveable":
         return ("dots_no_batch" if getattr(inner, "only_if_no_batch_dims", False) else "dots"), ()
-    if kind == "SaveOnlyTheseNames":
+    if kind in ("SaveOnlyTheseNames", "SaveNames"):  # JAX's class, or remat's before JAX 0.10.2
         names = tuple(sorted(getattr(inner, "saveable_names", ())))
         return f"names {list(names)}", names
     name = getattr(inner, "__name__", kind)

@@ -22,8 +22,10 @@ from remat.analysis._hlo_proto import HloProgram, parse_hlo_proto
 
 # What XLA needs to write the optimized module with its buffer assignment (the heap
 # simulator's trace is recorded only when dumping): the proto, not the text forms.
-_DUMP_OPTIONS = {"xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": False,
-                 "xla_dump_buffer_assignment_analysis": False}
+_DUMP_OPTIONS = {"xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": False}
+# Newer XLA also writes a text analysis of the buffer assignment unless told not to; older
+# XLA (jaxlib < 0.9) has no such option and rejects the compilation that names it.
+_OPTIONAL_OPTIONS = {"xla_dump_buffer_assignment_analysis": False}
 
 
 def compile_with_buffer_assignment(lowered: Any) -> tuple[Any, HloProgram]:
@@ -41,7 +43,7 @@ def compile_with_buffer_assignment(lowered: Any) -> tuple[Any, HloProgram]:
     """
     folder = tempfile.mkdtemp(prefix="remat-explain-")
     try:
-        compiled = lowered.compile(compiler_options={"xla_dump_to": folder, **_DUMP_OPTIONS})
+        compiled = _compile(lowered, {"xla_dump_to": folder, **_DUMP_OPTIONS})
         found = sorted(glob.glob(os.path.join(folder, "*after_optimizations.hlo.pb")), key=os.path.getmtime)
         name = _module_name(compiled)
         found = [f for f in found if name and f".{name}." in os.path.basename(f)] or found
@@ -53,6 +55,16 @@ def compile_with_buffer_assignment(lowered: Any) -> tuple[Any, HloProgram]:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return compiled, program
+
+
+def _compile(lowered: Any, options: dict[str, Any]) -> Any:
+    """``lowered.compile`` with ``options``, and with the optional ones where XLA knows them."""
+    try:
+        return lowered.compile(compiler_options={**options, **_OPTIONAL_OPTIONS})
+    except Exception as error:  # XLA raises its own runtime error type
+        if "No such compile option" not in str(error):
+            raise
+    return lowered.compile(compiler_options=options)
 
 
 def _module_name(compiled: Any) -> str | None:

@@ -157,8 +157,11 @@ class ResidualBudget(RegionChooser):
             return True
 
         everything = saved_residuals(remat_with(recorder), *inputs).residual_bytes
-        limit = everything if self.fraction is not None and self.fraction >= 1.0 else (
-            int(self.fraction * everything) if self.fraction is not None else self.bytes)
+        if self.fraction is not None:
+            limit = everything if self.fraction >= 1.0 else int(self.fraction * everything)
+        else:
+            assert self.bytes is not None  # __post_init__ admits exactly one of the two
+            limit = self.bytes
         cache_key = (tuple(c[0] for c in calls), _shapes(inputs), limit)
         if cache_key in self._cache:
             self.last_choice = self._cache[cache_key]

@@ -172,7 +172,7 @@ class Saver:
         what = f"delete {path} to resume from the save before it, or pass a new --save-dir to start afresh"
         try:
             with _silent_absl():
-                meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+                meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         except Exception as e:
             raise UsageError(f"--resume: the save {path} is damaged ({_one_line(e)}); {what}") from None
         if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION or "losses" not in meta:
@@ -186,7 +186,7 @@ class Saver:
         try:
             with _silent_absl():
                 restore_args = ocp.args.Composite(state=ocp.args.StandardRestore(target))
-                state = self.manager.restore(step, args=restore_args).state
+                state = self.manager.restore(step, args=restore_args)["state"]
             sys.unraisablehook = previous
             return [state[k] for k in sorted(target)]
         except Exception as e:  # the hook stays: reads still in flight report after this
@@ -221,16 +221,18 @@ def _one_line(e: BaseException) -> str:
 
 def _to_saveable(leaf: Any) -> Any:
     import jax
+    import jax.numpy as jnp
 
-    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+    if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
         return jax.random.key_data(leaf)
     return leaf
 
 
 def _from_saveable(saved: Any, template: Any) -> Any:
     import jax
+    import jax.numpy as jnp
 
-    if jax.dtypes.issubdtype(template.dtype, jax.dtypes.prng_key):
+    if jnp.issubdtype(template.dtype, jax.dtypes.prng_key):
         return jax.random.wrap_key_data(saved, impl=jax.random.key_impl(template))
     return saved
 

@@ -63,7 +63,7 @@ def setup_devices(n: int | None, args: Any = None) -> list[Any]:
         local = n // n_proc_asked
         if local > MAX_HOST_DEVICES:
             raise UsageError(f"--devices {n}: at most {MAX_HOST_DEVICES} devices can be made on a host")
-        if jax.config.jax_num_cpu_devices < local:
+        if jax.config.values["jax_num_cpu_devices"] < local:
             jax.config.update("jax_num_cpu_devices", local)
     _start_distributed(args)
     devices = jax.devices()

@@ -6,6 +6,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import linen, nnx
+from flax.linen.dtypes import promote_dtype
 
 
 def _batch_norm(x: jax.Array, axis: int, use_running_average: bool, running: tuple[Any, Any], momentum: float,
@@ -102,7 +103,7 @@ class LinenBatchNorm(linen.BatchNorm):
         ra_var = self.variable("batch_stats", "var", lambda s: jnp.ones(s, stat_dtype), features)
         scale = self.param("scale", self.scale_init, features, self.param_dtype) if self.use_scale else None
         bias = self.param("bias", self.bias_init, features, self.param_dtype) if self.use_bias else None
-        x, mean, var, scale, bias = linen.dtypes.promote_dtype(x, ra_mean.value, ra_var.value, scale, bias,
+        x, mean, var, scale, bias = promote_dtype(x, ra_mean.value, ra_var.value, scale, bias,
                                                                dtype=self.dtype)
         y, updated = _batch_norm(x, self.axis, bool(use_running_average), (mean, var), self.momentum, self.epsilon,
                                  scale, bias)

@@ -27,14 +27,14 @@ def _listed(names: frozenset[str]) -> str:
 class SaveNames:
     """Keeps only the values tagged with one of ``names``; :func:`save_names` before JAX 0.10.2."""
 
-    names: frozenset[str]
+    saveable_names: frozenset[str]  # the field's name in JAX's own class, which tools read
 
     def __call__(self, prim: Any, *_: Any, **params: Any) -> bool:
         # jax.checkpoint_policies.save_only_these_names, as a value
-        return _jax.is_name_primitive(prim) and params["name"] in self.names
+        return _jax.is_name_primitive(prim) and params["name"] in self.saveable_names
 
     def __repr__(self) -> str:
-        return f"save_names({_listed(self.names)})"
+        return f"save_names({_listed(self.saveable_names)})"
 
 
 def save_names(*names: str) -> Any:
@@ -47,9 +47,9 @@ def save_names(*names: str) -> Any:
     Example:
       >>> p = save_names("attn_out", "mlp_in")
     """
-    names = _names(names, "save_names")
-    policy = _jcp.save_only_these_names(*sorted(names))
-    return policy if dataclasses.is_dataclass(policy) else SaveNames(names)
+    wanted = _names(names, "save_names")
+    policy = _jcp.save_only_these_names(*sorted(wanted))
+    return policy if dataclasses.is_dataclass(policy) else SaveNames(wanted)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -91,7 +91,8 @@ def policy_name(policy: PolicySpec) -> str:
         if named is not None and policy is named:
             return name
     if _SAVE_NAMES is not None and isinstance(policy, _SAVE_NAMES):  # JAX's class, whose repr is its dataclass fields
-        return "save_names(" + ", ".join(repr(n) for n in sorted(policy.saveable_names)) + ")"
+        jax_policy: Any = policy  # its class is found at import time, so no checker knows its fields
+        return "save_names(" + ", ".join(repr(n) for n in sorted(jax_policy.saveable_names)) + ")"
     if callable(policy):
         return getattr(policy, "__name__", None) or str(policy)
     return "names:" + ",".join(policy)

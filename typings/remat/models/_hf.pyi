@@ -1,0 +1,1 @@
+from models._hf import transformers_module as transformers_module

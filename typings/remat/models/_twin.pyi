@@ -1,0 +1,1 @@
+from models._twin import apply_checkpointing_pair as apply_checkpointing_pair

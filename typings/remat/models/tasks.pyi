@@ -1,0 +1,1 @@
+from models.tasks import *  # noqa: F403
