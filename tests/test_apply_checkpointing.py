@@ -444,6 +444,34 @@ def test_region_paths_name_the_applied_modules_in_trace_order():
     assert region_paths(hand_loss, hand_state, x) == [None] * DEPTH  # written by hand: no module path
 
 
+
+class _HandInside(nnx.Module):
+    """A block with a region written by hand inside its own body."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.lin = nnx.Linear(4, 4, rngs=rngs)
+
+    def __call__(self, x):
+        return remat.checkpoint(lambda h: jnp.tanh(self.lin(h)), x) + x
+
+
+class _TwoHandInside(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.first, self.second = _HandInside(rngs), _HandInside(rngs)
+
+    def __call__(self, x):
+        return self.second(self.first(x))
+
+
+def test_region_paths_mark_a_hand_region_inside_an_applied_one_as_written_by_hand():
+    from remat.planner import region_paths
+
+    model = remat.apply_checkpointing(_TwoHandInside(nnx.Rngs(0)), lambda path, m: path == ("first",))
+    loss, state = _pure_loss(model)
+    # the applied region, then the hand-written one it calls (not a second region of "first"),
+    # then the hand-written region of the unselected second block
+    assert region_paths(loss, state, jnp.ones((2, 4))) == [("first",), None, None]
+
 @pytest.mark.slow
 def test_plan_redecides_applied_regions_as_hand_written_ones_and_picks_modules():
     from remat.planner import NONE, plan, region_paths

@@ -49,7 +49,7 @@ def _nchw(y):
 
 def _check(ours, torch_result):
     outs, grads, evals, mean, var = torch_result
-    for (y, g), (ty, tg) in zip(ours["train"], zip(outs, grads)):
+    for (y, g), (ty, tg) in zip(ours["train"], zip(outs, grads, strict=True), strict=True):
         np.testing.assert_allclose(_nchw(y), ty, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(_nchw(g[0]), tg[0], rtol=1e-10, atol=1e-12)  # input gradient
         np.testing.assert_allclose(g[1], tg[1], rtol=1e-10, atol=1e-12)  # scale

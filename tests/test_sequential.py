@@ -337,14 +337,14 @@ def test_pytorch_parity(segments, use_reentrant):
     np.testing.assert_allclose(out_j, out_t.detach().numpy(), rtol=1e-5, atol=1e-5)
     gp, gx = jax.grad(loss, argnums=(0, 1))(params, jnp.asarray(x_np))
     np.testing.assert_allclose(gx, xt.grad.numpy(), rtol=1e-4, atol=1e-5)
-    for (gw, gb), m in zip(gp, linears):
+    for (gw, gb), m in zip(gp, linears, strict=True):
         np.testing.assert_allclose(gw, m.weight.grad.numpy(), rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(gb, m.bias.grad.numpy(), rtol=1e-4, atol=1e-5)
 
     # ... and as an nnx.Sequential of nnx.Linear
     rngs = nnx.Rngs(0)
     layers = []
-    for i, ((w, b), (a, o)) in enumerate(zip(params, zip(sizes[:-1], sizes[1:]))):
+    for i, ((w, b), (a, o)) in enumerate(zip(params, zip(sizes[:-1], sizes[1:]), strict=True)):
         lin = nnx.Linear(a, o, rngs=rngs)
         lin.kernel[...] = w.T
         lin.bias[...] = b

@@ -20,7 +20,7 @@ import jax
 from flax import nnx
 
 from remat._core import apply_linen, apply_nnx, hooks
-from remat._core.apply_regions import REGION_PATH, Applied, Path, Selector
+from remat._core.apply_regions import Applied, Path, Selector, take_entering_path
 from remat._core.options import KEYWORDS, CheckpointOptions, normalize_options
 
 CheckFn = Callable[..., bool]
@@ -130,7 +130,7 @@ def region_paths(step_fn: Callable[..., Any], *args: Any) -> list[Path | None]:
     paths: list[Path | None] = []
 
     def record(opts: CheckpointOptions) -> CheckpointOptions:
-        paths.append(REGION_PATH.get())
+        paths.append(take_entering_path())
         return opts
 
     with hooks.deciding(region=record):

@@ -17,6 +17,9 @@ Selector = Callable[[Path, Any], bool]
 # the path of the applied module whose region is running: read by the planner's region
 # deciders (region_paths), and by the module's own methods, which run as they are inside it
 REGION_PATH: contextvars.ContextVar[Path | None] = contextvars.ContextVar("remat_region_path", default=None)
+# the same path until the region it belongs to is decided (take_entering_path): a region
+# written by hand inside the applied one must not be taken for it
+_ENTERING_PATH: contextvars.ContextVar[Path | None] = contextvars.ContextVar("remat_entering_path", default=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,11 +34,19 @@ class Applied:
 def run_applied(path: Path, function: Callable[..., Any], opts: CheckpointOptions, args: tuple,
                 kwargs: dict) -> Any:
     """One applied region: remat.checkpoint's dispatch, with the module's path known."""
-    token = REGION_PATH.set(path)
+    token, entering = REGION_PATH.set(path), _ENTERING_PATH.set(path)
     try:
         return run_region(function, opts, args, kwargs)
     finally:
+        _ENTERING_PATH.reset(entering)
         REGION_PATH.reset(token)
+
+
+def take_entering_path() -> Path | None:
+    """The path of the applied region now being decided, once; ``None`` for any other region."""
+    path = _ENTERING_PATH.get()
+    _ENTERING_PATH.set(None)
+    return path
 
 
 def is_region_method(name: str) -> bool:
