@@ -6,7 +6,8 @@ the identity, and every value and gradient must agree: the same tree, dtypes and
 floats to rtol 1e-6 (float32) or 1e-12 (float64). A failure names the spec and the command
 that reproduces it, ``python -m tests.fuzz.run '<spec>'``. See docs/property-tests.md.
 
-The fast run draws 50 cases; ``-m slow`` draws 2,000 with a fixed seed.
+The fast run draws 36 cases; ``-m slow`` draws 2,000 more (1,900 programs, 100 NNX stacks),
+with a fixed seed (derandomized).
 """
 from __future__ import annotations
 
@@ -41,27 +42,27 @@ def _batches(strategy: st.SearchStrategy, size: int) -> st.SearchStrategy:
     return st.lists(strategy, min_size=size, max_size=size)
 
 
-@_settings(batches=4)
+@_settings(batches=3)
 @given(specs=_batches(function_cases(), 10))
 def test_function_programs(pool, specs):
     _check(pool, specs)
 
 
-@_settings(batches=2)
-@given(specs=_batches(nnx_cases(), 5))
+@_settings(batches=1)
+@given(specs=_batches(nnx_cases(), 6))
 def test_nnx_stacks(pool, specs):
     _check(pool, specs)
 
 
 @pytest.mark.slow
-@_settings(batches=90)
+@_settings(batches=95)
 @given(specs=_batches(function_cases(), 20))
 def test_function_programs_many(pool, specs):
     _check(pool, specs)
 
 
 @pytest.mark.slow
-@_settings(batches=20)
+@_settings(batches=10)
 @given(specs=_batches(nnx_cases(), 10))
 def test_nnx_stacks_many(pool, specs):
     _check(pool, specs)

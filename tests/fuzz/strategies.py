@@ -99,14 +99,17 @@ def nnx_cases(draw: st.DrawFn, dtype: str | None = None) -> dict:
         "kind": "nnx",
         "seed": draw(st.integers(0, 2**16)),
         "dtype": dtype or draw(st.sampled_from(["float32", "float64"])),
-        "layers": draw(st.lists(st.sampled_from(LAYERS), min_size=1, max_size=4)),
-        "form": draw(st.sampled_from(NNX_FORMS)),
         "mode": draw(st.sampled_from(NNX_MODES)),
+        "form": draw(st.sampled_from(NNX_FORMS)),
         "policy": draw(policies()),
         "prevent_cse": draw(st.booleans()),
         "steps": draw(st.integers(1, 2)),
         "n": draw(st.sampled_from([3, 4])),
     }
+    # flax 0.12 cannot advance a merged module's Dropout RngCount under jax.grad (TraceContextError,
+    # with or without remat): plain jax transforms of split state draw the other layers
+    layers = LAYERS if spec["mode"].startswith("nnx") else [name for name in LAYERS if name != "dropout"]
+    spec["layers"] = draw(st.lists(st.sampled_from(layers), min_size=1, max_size=4))
     if spec["form"] == "sequential":
         spec["segments"] = draw(st.integers(1, 3))
     return spec
