@@ -11,7 +11,9 @@ with a fixed seed (derandomized).
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from fuzz.compare import assert_same
 from fuzz.pool import Pool, failure_report
 from fuzz.strategies import function_cases, nnx_cases
 from hypothesis import HealthCheck, Phase, given, settings
@@ -66,3 +68,34 @@ def test_function_programs_many(pool, specs):
 @given(specs=_batches(nnx_cases(), 10))
 def test_nnx_stacks_many(pool, specs):
     _check(pool, specs)
+
+
+# --- the suite's own machinery --------------------------------------------------------------
+
+def test_an_abort_or_a_hang_fails_only_its_case_with_a_reproducer():
+    pool = Pool(timeout_s=15)
+    try:
+        results = pool.run([{"kind": "selftest", "dtype": "float32", "action": action}
+                            for action in ("abort", "ok", "hang", "ok")])
+    finally:
+        pool.close()
+    kinds = [r["kind"] if not r["ok"] else "ok" for _, r in results]
+    assert kinds[0].startswith("worker died") and kinds[2].startswith("hung"), kinds
+    assert kinds[1] == kinds[3] == "ok"  # a fresh worker took over after each
+    report = failure_report(results)
+    assert report.count("python -m tests.fuzz.run '") == 2, report
+
+
+def test_the_comparison_is_exact_on_trees_dtypes_shapes_and_tolerances():
+    a = {"x": np.ones(3, np.float32), "i": np.arange(2)}
+    assert_same(a, {"x": np.ones(3, np.float32) * (1 + 5e-7), "i": np.arange(2)}, 1e-6)
+    wrong = [
+        {"x": np.ones(3, np.float32) * (1 + 5e-6), "i": np.arange(2)},  # beyond rtol
+        {"x": np.ones(3, np.float64), "i": np.arange(2)},  # dtype
+        {"x": np.ones((3, 1), np.float32), "i": np.arange(2)},  # shape
+        {"x": np.ones(3, np.float32), "i": np.arange(2) + 1},  # an integer off by one
+        {"x": np.ones(3, np.float32), "j": np.arange(2)},  # tree
+    ]
+    for want in wrong:
+        with pytest.raises(AssertionError):
+            assert_same(a, want, 1e-6)

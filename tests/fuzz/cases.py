@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import time
 from typing import Any
 
 import jax
@@ -33,6 +35,9 @@ def run_case(spec: dict) -> None:
 
     The plain run goes first: if it raises, the spec is invalid, not remat.
     """
+    if spec["kind"] == "selftest":  # the isolation's own tests: a case that aborts, hangs or passes
+        _selftest(spec["action"])
+        return
     run = run_nnx if spec["kind"] == "nnx" else _run_function
     try:
         want = run(spec, Plain())
@@ -41,6 +46,13 @@ def run_case(spec: dict) -> None:
     got = run(spec, Remat())
     for k, (g, w) in enumerate(zip(got, want, strict=True)):
         assert_same(g, w, RTOL[spec["dtype"]], what=f"result {k}")
+
+
+def _selftest(action: str) -> None:
+    if action == "abort":
+        os.abort()
+    if action == "hang":
+        time.sleep(3600)
 
 
 class InvalidSpec(Exception):
