@@ -14,7 +14,8 @@ from .ops import N
 
 LAYERS = ("linear", "layernorm", "dropout", "batchnorm")
 NNX_FORMS = ("call", "method", "decorator", "apply", "sequential")
-NNX_MODES = ("nnx_grad", "nnx_jit", "jax_grad", "jax_jit")
+# nnx.value_and_grad, with and without nnx.jit; jax.jit(jax.value_and_grad) of the split state
+NNX_MODES = ("nnx_grad", "nnx_jit", "jax_jit")
 
 
 def _layer(name: str, dtype: Any, rngs: nnx.Rngs) -> nnx.Module:
@@ -87,9 +88,7 @@ def _step(model: Stack, x: Any, mode: str) -> Any:
         m = nnx.merge(graphdef, params, rest)
         return _loss(m, x), nnx.state(m, nnx.Not(nnx.Param))
 
-    grad_fn = jax.value_and_grad(pure, has_aux=True)
-    if mode == "jax_jit":
-        grad_fn = jax.jit(grad_fn)
+    grad_fn = jax.jit(jax.value_and_grad(pure, has_aux=True))
     (loss, new_rest), grads = grad_fn(params, rest, x)
     nnx.update(model, new_rest)
     return loss, grads

@@ -86,10 +86,15 @@ class Pool:
         """``(spec, result)`` for every spec, in the order given."""
         results: list = [None] * len(specs)
 
+        log = os.environ.get("REMAT_FUZZ_LOG")  # a file to append one line per case to (timings)
+
         def drive(x64: bool) -> None:
             for i, spec in enumerate(specs):
                 if (spec["dtype"] == "float64") == x64:
                     results[i] = (spec, self.workers[x64].run(spec))
+                    if log:
+                        with open(log, "a") as f:
+                            f.write(json.dumps({"result": results[i][1], "spec": spec}) + "\n")
 
         threads = [threading.Thread(target=drive, args=(x64,)) for x64 in (False, True)]
         for t in threads:
