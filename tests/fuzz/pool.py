@@ -1,4 +1,4 @@
-"""Runs specs in long-lived child workers (one for float32, one for float64 cases, in parallel).
+"""Runs specs in long-lived child workers (float32 ones and float64 ones, in parallel).
 
 A worker that dies (an abort) or hangs (``timeout_s``) is replaced, and its spec is reported
 as failed with the command that reproduces it; the pytest process itself runs no case.
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import select
 import subprocess
 import sys
@@ -77,26 +78,36 @@ class Worker:
 
 
 class Pool:
-    """A float32 worker and a float64 worker, each fed its specs in order, both at once."""
+    """Child workers for float32 and for float64 cases, ``per_dtype`` of each, all at once.
 
-    def __init__(self, timeout_s: float = 120.0):
-        self.workers = {False: Worker(False, timeout_s), True: Worker(True, timeout_s)}
+    Each worker takes the next spec of its dtype when it is free, so one slow case does not
+    hold up the others (float64 cases and heavy transforms are not spread evenly).
+    """
+
+    def __init__(self, timeout_s: float = 120.0, per_dtype: int = 2):
+        self.workers = [Worker(x64, timeout_s) for x64 in (False, True) for _ in range(per_dtype)]
 
     def run(self, specs: list[dict]) -> list[tuple[dict, dict]]:
         """``(spec, result)`` for every spec, in the order given."""
         results: list = [None] * len(specs)
-
+        queues = {x64: queue.SimpleQueue() for x64 in (False, True)}
+        for i, spec in enumerate(specs):
+            queues[spec["dtype"] == "float64"].put(i)
         log = os.environ.get("REMAT_FUZZ_LOG")  # a file to append one line per case to (timings)
+        lock = threading.Lock()
 
-        def drive(x64: bool) -> None:
-            for i, spec in enumerate(specs):
-                if (spec["dtype"] == "float64") == x64:
-                    results[i] = (spec, self.workers[x64].run(spec))
-                    if log:
-                        with open(log, "a") as f:
-                            f.write(json.dumps({"result": results[i][1], "spec": spec}) + "\n")
+        def drive(worker: Worker) -> None:
+            while True:
+                try:
+                    i = queues[worker.x64].get_nowait()
+                except queue.Empty:
+                    return
+                results[i] = (specs[i], worker.run(specs[i]))
+                if log:
+                    with lock, open(log, "a") as f:
+                        f.write(json.dumps({"result": results[i][1], "spec": specs[i]}) + "\n")
 
-        threads = [threading.Thread(target=drive, args=(x64,)) for x64 in (False, True)]
+        threads = [threading.Thread(target=drive, args=(w,)) for w in self.workers]
         for t in threads:
             t.start()
         for t in threads:
@@ -104,7 +115,7 @@ class Pool:
         return results
 
     def close(self) -> None:
-        for w in self.workers.values():
+        for w in self.workers:
             w.close()
 
 
