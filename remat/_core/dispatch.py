@@ -53,6 +53,8 @@ def run_region(function: Callable[..., Any], opts: CheckpointOptions, args: tupl
         # partial(self.block, mask=m): its arguments are call arguments like any other (traced
         # when arrays), so the module behind .func is found and lifted as without partial
         bound_args = function.args
+        if isinstance(opts.prevent_cse, tuple):  # the caller's flags name the call's own arguments
+            opts = dataclasses.replace(opts, prevent_cse=_cse_with_bound(opts.prevent_cse, function, bool(kwargs)))
         args, kwargs = bound_args + tuple(args), {**function.keywords, **kwargs}
         function = function.func
         if opts.static_argnums and bound_args:
@@ -104,6 +106,23 @@ def run_region(function: Callable[..., Any], opts: CheckpointOptions, args: tupl
     finally:
         ACTIVE_CALL.reset(token)
     return region.store.unpack(outputs, sig)
+
+
+def _cse_with_bound(flags: tuple, part: functools.partial, has_kwargs: bool) -> tuple:
+    """A per-argument ``prevent_cse`` for the call's arguments, extended over what ``part`` binds.
+
+    The caller's flags are a prefix of the positional arguments it passes (of ``(args, kwargs)``
+    when it passes keywords); the partial's bound arguments keep the default, ``True``.
+    """
+    bound = (True,) * len(part.args)
+    if has_kwargs:
+        if len(flags) != 2:  # not the (args, kwargs) pair: split_call says so
+            return flags
+        args_flags, kwargs_flags = flags
+        if isinstance(kwargs_flags, dict):
+            kwargs_flags = {**dict.fromkeys(part.keywords, True), **kwargs_flags}
+        return (bound + tuple(args_flags), kwargs_flags)
+    return (bound + flags, True) if part.keywords else bound + flags
 
 
 def _print_debug_report(function, region, remat_region, inputs, opts: CheckpointOptions) -> None:
