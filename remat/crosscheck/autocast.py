@@ -8,6 +8,10 @@ bias there and round once (``preferred_element_type=float32``, then a cast), as 
 ``addmm`` and oneDNN's convolutions do: XLA would round ``x @ w`` to bfloat16 and then add
 the bias, a second rounding that flips the sign of small pre-activations and, through a
 ReLU, moved an MLP's input gradient by 16% against PyTorch's 0.5% (docs/crosscheck.md).
+Normalisation modules compute in float32 and return their input's dtype, as torch's CPU
+kernels do: in bfloat16, JAX's gradient of a broadcast (a BatchNorm's scale and shift over
+``N*H*W`` positions) is a sum accumulated in bfloat16, 4x further from the truth than
+torch's float32 accumulation on the CNN's BatchNorm gradients.
 
 ``"mixed"``: float32 parameters, bfloat16 compute. PyTorch runs the forward under
 ``torch.autocast("cpu", dtype=torch.bfloat16)``, whose CPU rules are: matmuls
@@ -60,11 +64,13 @@ def _rounded_once_class(cls: type) -> type:
 
 
 @functools.cache
-def _input_dtype_class(cls: type) -> type:
-    """``cls`` whose call returns its input's dtype (torch's mixed-type normalisation kernels)."""
+def _float32_norm_class(cls: type) -> type:
+    """``cls`` (a normalisation module) computing in float32 and returning its input's dtype, as
+    torch's CPU kernels do for a bfloat16 input (float32 weights or not)."""
 
     def __call__(self, x, *args, **kwargs):
-        return cls.__call__(self, x, *args, **kwargs).astype(x.dtype)
+        wide = jnp.promote_types(x.dtype, jnp.float32)
+        return cls.__call__(self, x.astype(wide), *args, **kwargs).astype(x.dtype)
 
     return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
                                        "__qualname__": cls.__qualname__})
@@ -81,8 +87,8 @@ def jax_model(model: nnx.Module, precision: str) -> nnx.Module:
             node.__class__ = _rounded_once_class(type(node))
             if precision == "mixed":
                 node.dtype = jnp.bfloat16
-        elif isinstance(node, _NORM_MODULES) and precision == "mixed":
-            node.__class__ = _input_dtype_class(type(node))
+        elif isinstance(node, _NORM_MODULES):
+            node.__class__ = _float32_norm_class(type(node))
         if isinstance(node, nnx.Module) and hasattr(node, "autocast_dtype") and precision == "mixed":
             node.autocast_dtype = jnp.bfloat16
     return model
