@@ -123,3 +123,15 @@ def image_inputs(config: Any, seed: int = 0) -> tuple[np.ndarray, ...]:
 def image_targets(config: Any, seed: int = 0) -> np.ndarray:
     """Class labels ``(batch,)`` for a cross-entropy training run."""
     return np.random.default_rng(seed + 1).integers(0, config.num_classes, size=(config.batch,)).astype(np.int64)
+
+
+def softmax_like_torch(scores: Any, where: Any = None) -> Any:
+    """``remat.ops.softmax`` over the last axis, computed in float32 (or wider) and rounded once to
+    the scores' dtype: torch's CPU softmax (forward and backward) on bfloat16 does the same, where
+    JAX would round ``exp``, the sum and the quotient to bfloat16 each. A no-op cast in float32/64."""
+    import jax.numpy as jnp
+
+    from remat import ops
+
+    wide = jnp.promote_types(scores.dtype, jnp.float32)
+    return ops.softmax(scores.astype(wide), axis=-1, where=where).astype(scores.dtype)

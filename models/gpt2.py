@@ -35,7 +35,7 @@ import remat
 from remat import ops
 from remat.models._hf import checkpoint_hf_layers, transformers_module
 from remat.models._settings import RematSettings, jax_block
-from remat.models._twin import build_pair
+from remat.models._twin import build_pair, softmax_like_torch
 from remat.models._twin import token_inputs as example_inputs  # noqa: F401  (the registry's)
 from remat.models._twin import token_targets as example_targets  # noqa: F401  (the registry's)
 
@@ -95,7 +95,7 @@ class GPT2Attention(nnx.Module):
         q, k, v = (a.reshape(b, t, self.heads, hd).transpose(0, 2, 1, 3) for a in jnp.split(self.c_attn(x), 3, -1))
         scores = (q @ k.transpose(0, 1, 3, 2)) * hd ** -0.5
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-        y = ops.softmax(scores, axis=-1, where=causal) @ v
+        y = softmax_like_torch(scores, where=causal) @ v
         return self.c_proj(y.transpose(0, 2, 1, 3).reshape(b, t, c))
 
 

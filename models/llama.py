@@ -34,10 +34,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 import remat
-from remat import ops
 from remat.models._hf import checkpoint_hf_layers, transformers_module
 from remat.models._settings import RematSettings, jax_block
-from remat.models._twin import build_pair
+from remat.models._twin import build_pair, softmax_like_torch
 from remat.models._twin import token_inputs as example_inputs  # noqa: F401  (the registry's)
 from remat.models._twin import token_targets as example_targets  # noqa: F401  (the registry's)
 
@@ -118,7 +117,7 @@ class LlamaAttention(nnx.Module):
         k, v = jnp.repeat(k, groups, axis=1), jnp.repeat(v, groups, axis=1)
         scores = (q @ k.transpose(0, 1, 3, 2)) * self.head_dim ** -0.5
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-        y = ops.softmax(scores, axis=-1, where=causal) @ v
+        y = softmax_like_torch(scores, where=causal) @ v
         return self.o_proj(y.transpose(0, 2, 1, 3).reshape(b, t, self.heads * self.head_dim))
 
 
