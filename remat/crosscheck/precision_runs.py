@@ -15,12 +15,12 @@ from flax import nnx
 
 from remat.crosscheck import autocast
 from remat.crosscheck.harness import (
+    _CPU_COMPILER_OPTIONS,
     _buffers,
     _call_torch,
     _from_jax_layout,
     _is_float,
     _jax_buffers,
-    _jit,
     _wrap_jax,
 )
 from remat.crosscheck.layouts import to_torch, torch_name
@@ -30,6 +30,16 @@ from remat.crosscheck.precision import PRECISIONS, PrecisionReport, PrecisionRow
 from remat.crosscheck.weights import TorchNaming, _to_numpy, _variables
 
 Values = dict[tuple[str, str, str], Any]  # (mode, kind, name) -> array (torch layout)
+
+#: XLA may keep a bfloat16 value in float32 across the ops of one fusion ("excess precision"),
+#: so where fusions end (a checkpoint ends them) would change the rounding: checkpointed and
+#: plain runs then differ by up to one bfloat16 ulp. Torch rounds after every op; so do these runs.
+EXACT_ROUNDING = {"xla_allow_excess_precision": False}
+
+
+def _jit(fn: Callable[..., Any]) -> Callable[..., Any]:
+    options = {**(_CPU_COMPILER_OPTIONS if jax.default_backend() == "cpu" else {}), **EXACT_ROUNDING}
+    return jax.jit(fn, compiler_options=options)
 
 
 def resolve_precision(dtype: Any, precision: str | None) -> str | None:
