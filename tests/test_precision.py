@@ -67,8 +67,8 @@ def test_mlp_bfloat16_gradients_match_torch_bit_for_bit(mlp_bf16):
     assert d["distribution"]["err_jax"]["max"] == pytest.approx(r.max_rel)
 
 
-def test_the_input_gradient_no_longer_moves_16_percent(mlp_bf16):
-    """XLA rounded x @ w to bfloat16 before adding the bias; one ReLU flipped: 1.6e-1 against 5e-3."""
+def test_the_input_gradient_is_as_close_as_torchs(mlp_bf16):
+    """XLA rounded x @ w to bfloat16 before adding the bias; one ReLU flipped: 9.3e-2 against 5.3e-3."""
     (row,) = [r for r in mlp_bf16.rows if r.kind == "input"]
     assert row.err_jax < 1e-2 and row.ok
 

@@ -7,7 +7,7 @@ In both, the JAX side's matmul and convolution modules accumulate in float32, ad
 bias there and round once (``preferred_element_type=float32``, then a cast), as torch's
 ``addmm`` and oneDNN's convolutions do: XLA would round ``x @ w`` to bfloat16 and then add
 the bias, a second rounding that flips the sign of small pre-activations and, through a
-ReLU, moved an MLP's input gradient by 16% against PyTorch's 0.5% (docs/crosscheck.md).
+ReLU, moved an MLP's input gradient 18x further from the truth than PyTorch's (docs/crosscheck.md).
 Normalisation modules compute in float32 and return their input's dtype, as torch's CPU
 kernels do: in bfloat16, JAX's gradient of a broadcast (a BatchNorm's scale and shift over
 ``N*H*W`` positions) is a sum accumulated in bfloat16, 4x further from the truth than
