@@ -143,14 +143,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a small transformer (seconds)")
     parser.add_argument("--repeats", type=int, default=None, help="timed steps per row (default 20, quick 5)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--threads", type=int, default=2, help="PyTorch's intra-op threads (default 2, as "
+                        "benchmarks.run; more than the machine's free cores oversubscribes it)")
     args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
     sizes = QUICK if args.quick else FULL
     repeats = args.repeats or (5 if args.quick else 20)
     rows = measure(sizes, repeats)
     if args.json:
         print(json.dumps({"sizes": sizes, "repeats": repeats, "rows": rows}))
     else:
-        print(f"transformer {sizes}, AdamW step, every block checkpointed, median of {repeats}")
+        print(f"transformer {sizes}, AdamW step, every block checkpointed, median of {repeats}, "
+              f"torch threads {args.threads}")
         print(table(rows))
 
 
