@@ -190,3 +190,16 @@ def test_heavier_twins_pass_the_criterion(name, registry, precision):
     r = compare_gradients(jm, tm, x, precision=precision)
     assert r.ok, str(r)
     assert 1e-3 < r.distribution()["err_jax"]["median"] < 2e-2
+
+
+def test_precision_benchmark_rows():
+    from benchmarks.precision import PRECISIONS, measure, table
+
+    sizes = {"vocab": 16, "depth": 1, "width": 16, "heads": 2, "seq_len": 8, "batch": 4}
+    rows = measure(sizes, repeats=1)
+    by = {(r["framework"], r["precision"]): r for r in rows}
+    assert set(by) == {(f, p) for f in ("jax", "torch") for p in PRECISIONS}
+    assert all(r["step_ms"] > 0 and r["memory_bytes"] > 0 for r in rows)
+    # bfloat16 activations are half the bytes of float32 ones in what torch saves
+    assert by[("torch", "bfloat16")]["memory_bytes"] < 0.75 * by[("torch", "float32")]["memory_bytes"]
+    assert table(rows).count("\n") == 1 + len(PRECISIONS)
