@@ -203,3 +203,16 @@ def test_precision_benchmark_rows():
     # bfloat16 activations are half the bytes of float32 ones in what torch saves
     assert by[("torch", "bfloat16")]["memory_bytes"] < 0.75 * by[("torch", "float32")]["memory_bytes"]
     assert table(rows).count("\n") == 1 + len(PRECISIONS)
+
+
+def test_a_failing_trained_weight_counts_adams_far_steps():
+    from remat.crosscheck.precision_runs import _far_steps_note
+
+    key = ("train", "param", "w")
+    ref = np.ones(32)
+    jax_w, torch_w = ref.copy(), ref + 1e-3
+    jax_w[3] -= 0.02  # one entry stepped the other way: 2 lr off
+    row = precision_row(*key, jax_w, torch_w, ref, "float32")
+    assert not row.ok and row.err_jax == pytest.approx(0.02 / np.sqrt(32))
+    note = _far_steps_note(row, {key: jax_w}, {key: torch_w}, {key: ref}, lr=0.01)
+    assert note.startswith("w: entries more than lr/2 from the reference: jax 1, torch 0 of 32")

@@ -134,6 +134,8 @@ class PrecisionReport:
       steps, optimizer: for a training check (else 0 and None).
       losses: ``{"jax": [...], "torch": [...], "reference": [...]}``, the loss before each step.
       tied, skipped, excluded: as in the float reports.
+      notes: for a training check, per failing weight, how many entries each side moved
+        more than ``lr / 2`` from the reference (Adam's sign flips).
     """
 
     check: str
@@ -145,6 +147,7 @@ class PrecisionReport:
     tied: list[tuple[str, ...]] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -177,7 +180,8 @@ class PrecisionReport:
                 "criterion": f"err_jax <= {FACTOR:g} * max(err_torch, eps)", "steps": self.steps,
                 "optimizer": self.optimizer, "losses": self.losses, "max_rel_err": self.max_rel,
                 "distribution": self.distribution(), "rows": [r.to_dict() for r in self.rows],
-                "tied": [list(g) for g in self.tied], "skipped": self.skipped, "excluded": self.excluded}
+                "tied": [list(g) for g in self.tied], "skipped": self.skipped, "excluded": self.excluded,
+                "notes": self.notes}
 
     def to_json(self) -> str:
         """:meth:`to_dict` as a JSON string."""
@@ -192,7 +196,7 @@ class PrecisionReport:
             lines.append(f"{key:10}  {q['median']:9.2e}  {q['p90']:9.2e}  {q['max']:9.2e}")
         lines += [f"worst: {w['name']}: err_jax {w['err_jax']:.2e}, err_torch {w['err_torch']:.2e}, "
                   f"ratio {w['ratio']:.2f}" for w in d["worst"]]
-        return lines
+        return lines + self.notes
 
     def table_rows(self) -> list[list[str]]:
         """One list of cells per row, for :data:`COLUMNS`."""

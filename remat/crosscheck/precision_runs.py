@@ -228,7 +228,7 @@ def precision_training(jax_model: nnx.Module, torch_model: Any, xs: tuple, y: np
                        mode: str, steps: int, optimizers: Callable[[Any], tuple[Any, Any]], checkpoint: Any,
                        losses: tuple[Callable, Callable], selectors: tuple[Any, Any], channels_last: bool,
                        naming: TorchNaming, exclude: Callable[[str], bool] | None, optimizer: str,
-                       excluded: list[str]) -> PrecisionReport:
+                       excluded: list[str], lr: float) -> PrecisionReport:
     """:func:`remat.crosscheck.compare_training` in ``"bfloat16"`` or ``"mixed"`` (see its docstring)."""
     jax_loss, torch_loss = losses
     jax_select, torch_select = selectors
@@ -249,6 +249,20 @@ def precision_training(jax_model: nnx.Module, torch_model: Any, xs: tuple, y: np
     rows = [precision_row(mode, "loss", "loss curve", np.array(jax_losses), np.array(torch_losses),
                           np.array(ref_losses), loss_dtype)]
     rows += rows_of(jax_values, low, keep)
+    notes = [_far_steps_note(row, jax_values, low, keep, lr) for row in rows
+             if not row.ok and (row.mode, row.kind, row.name) in jax_values]
     return PrecisionReport("training", precision, rows, steps=steps, optimizer=optimizer,
                            losses={"jax": jax_losses, "torch": torch_losses, "reference": ref_losses},
-                           tied=naming.tied, excluded=excluded)
+                           tied=naming.tied, excluded=excluded, notes=notes)
+
+
+def _far_steps_note(row: PrecisionRow, jax_values: Values, torch_values: Values, reference: Values, lr: float) -> str:
+    """How many entries of a failing weight each side moved more than ``lr / 2`` away from the reference:
+    Adam's steps are ``~lr`` whatever the gradient's size, so a near-zero gradient whose sign
+    rounding flipped puts its entry ``~2 lr`` off; a few such entries on either side are luck."""
+    key = (row.mode, row.kind, row.name)
+    ref = _to_numpy(reference[key]).astype(np.float64)
+    far = [int(np.sum(np.abs(np.asarray(_to_numpy(v[key]), np.float64) - ref) > lr / 2))
+           for v in (jax_values, torch_values)]
+    return (f"{row.name}: entries more than lr/2 from the reference: jax {far[0]}, torch {far[1]} "
+            f"of {ref.size} (Adam steps ~lr whatever the gradient's size; see docs/crosscheck.md)")

@@ -248,7 +248,7 @@ def compare_training(
         return precision_training(jax_model, torch_model, xs, y, precision=low, mode=mode, steps=steps,
                                   optimizers=optimizers, checkpoint=checkpoint, losses=(jax_loss, torch_loss),
                                   selectors=(jax_select, torch_select), channels_last=channels_last, naming=naming,
-                                  exclude=excluded_by, optimizer=optimizer, excluded=excluded)
+                                  exclude=excluded_by, optimizer=optimizer, excluded=excluded, lr=lr)
     with _precision(dtype):
         jm = _cast_jax_model(jax_model, dtype)
         tm = _cast_torch_model(torch_model, dtype)
