@@ -171,6 +171,12 @@ def test_cli_json_rows_and_exit_codes(capsys, tmp_path):
     assert any(r["name"] == "output" for r in bad)
 
 
+def test_cli_rejects_mixed_options(capsys):
+    assert main(["crosscheck", "mlp", "--precision", "mixed", "--dtype", "float64"]) == 2
+    assert main(["crosscheck", "mlp", "--dtype", "bfloat16", "--rtol", "1e-2"]) == 2
+    assert "--rtol/--atol do not apply" in capsys.readouterr().err
+
+
 def test_cli_table(capsys):
     assert main(["crosscheck", "mlp", "--precision", "mixed", "--steps", "2"]) == 0
     out = capsys.readouterr().out

@@ -173,6 +173,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("remat crosscheck needs PyTorch: pip install 'remat[torch]'") from None
     if args.steps < 0:
         raise UsageError(f"--steps {args.steps}: use 0 (no training) or a positive number of steps")
+    if args.precision and args.dtype not in ("float32", args.precision):
+        raise UsageError(f"--precision {args.precision} with --dtype {args.dtype}: give one of them")
+    if (args.precision or args.dtype == "bfloat16") and (args.rtol is not None or args.atol is not None):
+        raise UsageError("--rtol/--atol do not apply in bfloat16 or mixed precision: each tensor is judged against "
+                         "PyTorch's own error (err_jax <= 2 * max(err_torch, eps))")
     from remat import crosscheck
     from remat.models import RematSettings
 
