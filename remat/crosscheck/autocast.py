@@ -70,7 +70,15 @@ def _float32_norm_class(cls: type) -> type:
 
     def __call__(self, x, *args, **kwargs):
         wide = jnp.promote_types(x.dtype, jnp.float32)
-        return cls.__call__(self, x.astype(wide), *args, **kwargs).astype(x.dtype)
+        # running statistics updated in float32 and rounded once to their own dtype, as torch's
+        stats = [v for v in (getattr(self, "mean", None), getattr(self, "var", None)) if isinstance(v, nnx.Variable)]
+        kept = [v.get_value().dtype for v in stats]
+        for v in stats:
+            v.set_value(v.get_value().astype(wide))
+        y = cls.__call__(self, x.astype(wide), *args, **kwargs).astype(x.dtype)
+        for v, dtype in zip(stats, kept):
+            v.set_value(v.get_value().astype(dtype))
+        return y
 
     return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
                                        "__qualname__": cls.__qualname__})
