@@ -123,3 +123,32 @@ def image_inputs(config: Any, seed: int = 0) -> tuple[np.ndarray, ...]:
 def image_targets(config: Any, seed: int = 0) -> np.ndarray:
     """Class labels ``(batch,)`` for a cross-entropy training run."""
     return np.random.default_rng(seed + 1).integers(0, config.num_classes, size=(config.batch,)).astype(np.int64)
+
+
+def softmax_like_torch(scores: Any, where: Any = None) -> Any:
+    """``remat.ops.softmax`` over the last axis, computed in float32 (or wider) and rounded once to
+    the scores' dtype: torch's CPU softmax (forward and backward) on bfloat16 does the same, where
+    JAX would round ``exp``, the sum and the quotient to bfloat16 each. A no-op cast in float32/64."""
+    import jax.numpy as jnp
+
+    from remat import ops
+
+    wide = jnp.promote_types(scores.dtype, jnp.float32)
+    return ops.softmax(scores.astype(wide), axis=-1, where=where).astype(scores.dtype)
+
+
+def sdpa_like_torch(q: Any, k: Any, v: Any, scale: float, where: Any, autocast_dtype: Any = None) -> Any:
+    """Attention as ``torch.nn.functional.scaled_dot_product_attention`` computes it on CPU (the
+    HuggingFace twins' default): scores and softmax accumulated in float32 (or wider), the
+    probabilities rounded once to the inputs' dtype for ``p @ v``. ``autocast_dtype`` (bfloat16
+    under ``torch.autocast``) is the dtype q, k and v are cast to first, as autocast does."""
+    import jax.numpy as jnp
+
+    from remat import ops
+
+    if autocast_dtype is not None:
+        q, k, v = (a.astype(autocast_dtype) for a in (q, k, v))
+    wide = jnp.promote_types(q.dtype, jnp.float32)
+    scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2), preferred_element_type=wide) * scale
+    p = ops.softmax(scores, axis=-1, where=where).astype(v.dtype)
+    return jnp.matmul(p, v, preferred_element_type=wide).astype(v.dtype)

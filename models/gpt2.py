@@ -35,7 +35,7 @@ import remat
 from remat import ops
 from remat.models._hf import checkpoint_hf_layers, transformers_module
 from remat.models._settings import RematSettings, jax_block
-from remat.models._twin import build_pair
+from remat.models._twin import build_pair, sdpa_like_torch
 from remat.models._twin import token_inputs as example_inputs  # noqa: F401  (the registry's)
 from remat.models._twin import token_targets as example_targets  # noqa: F401  (the registry's)
 
@@ -93,9 +93,8 @@ class GPT2Attention(nnx.Module):
         b, t, c = x.shape
         hd = c // self.heads
         q, k, v = (a.reshape(b, t, self.heads, hd).transpose(0, 2, 1, 3) for a in jnp.split(self.c_attn(x), 3, -1))
-        scores = (q @ k.transpose(0, 1, 3, 2)) * hd ** -0.5
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-        y = ops.softmax(scores, axis=-1, where=causal) @ v
+        y = sdpa_like_torch(q, k, v, hd ** -0.5, causal)
         return self.c_proj(y.transpose(0, 2, 1, 3).reshape(b, t, c))
 
 
@@ -147,9 +146,16 @@ class GPT2LMHeadModel(nnx.Module):
 
     def __init__(self, config: GPT2Config, *, rngs: nnx.Rngs):
         self.transformer = GPT2Model(config, rngs=rngs)
+        self.autocast_dtype = None  # bfloat16 under an emulated torch.autocast (remat.crosscheck.autocast)
 
     def __call__(self, ids: jax.Array) -> jax.Array:
-        return self.transformer.wte.attend(self.transformer(ids))
+        h = self.transformer(ids)
+        if self.autocast_dtype is None:
+            return self.transformer.wte.attend(h)
+        # under torch.autocast the tied head is a bfloat16 nn.Linear; the embedding lookup stays float32
+        w = self.transformer.wte.embedding[...].astype(self.autocast_dtype)
+        return jnp.matmul(h.astype(self.autocast_dtype), w.T, preferred_element_type=jnp.float32
+                          ).astype(self.autocast_dtype)
 
 
 def hf_config(config: GPT2Config) -> Any:

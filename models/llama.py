@@ -34,10 +34,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 import remat
-from remat import ops
 from remat.models._hf import checkpoint_hf_layers, transformers_module
 from remat.models._settings import RematSettings, jax_block
-from remat.models._twin import build_pair
+from remat.models._twin import build_pair, sdpa_like_torch
 from remat.models._twin import token_inputs as example_inputs  # noqa: F401  (the registry's)
 from remat.models._twin import token_targets as example_targets  # noqa: F401  (the registry's)
 
@@ -82,11 +81,16 @@ class LlamaConfig:
 
 
 def rotary_tables(seq_len: int, head_dim: int, theta: float, dtype: Any) -> tuple[jax.Array, jax.Array]:
-    """``(cos, sin)`` of shape ``(seq_len, head_dim)``: HuggingFace's default rotary embedding, in ``dtype``."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=dtype) / head_dim))
-    freqs = jnp.arange(seq_len, dtype=dtype)[:, None] * inv_freq[None, :]
+    """``(cos, sin)`` of shape ``(seq_len, head_dim)``: HuggingFace's default rotary embedding, in ``dtype``.
+
+    Computed in float32 (float64 for a float64 model) and rounded once to ``dtype``, as
+    HuggingFace does in bfloat16: angles of bfloat16 positions times bfloat16 frequencies
+    would be off by a few bfloat16 ulps of the angle."""
+    wide = jnp.promote_types(dtype, jnp.float32)
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=wide) / head_dim))
+    freqs = jnp.arange(seq_len, dtype=wide)[:, None] * inv_freq[None, :]
     angles = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.cos(angles), jnp.sin(angles)
+    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
 
 
 def _rotate_half(x: jax.Array) -> jax.Array:
@@ -104,6 +108,7 @@ class LlamaAttention(nnx.Module):
         self.v_proj = nnx.Linear(config.width, config.kv_heads * hd, use_bias=False, rngs=rngs)
         self.o_proj = nnx.Linear(config.heads * hd, config.width, use_bias=False, rngs=rngs)
         self.heads, self.kv_heads, self.head_dim = config.heads, config.kv_heads, hd
+        self.autocast_dtype = None  # bfloat16 under an emulated torch.autocast (remat.crosscheck.autocast)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
         b, t, _ = x.shape
@@ -116,9 +121,8 @@ class LlamaAttention(nnx.Module):
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         groups = self.heads // self.kv_heads  # HuggingFace's repeat_kv: each kv head serves `groups` q heads
         k, v = jnp.repeat(k, groups, axis=1), jnp.repeat(v, groups, axis=1)
-        scores = (q @ k.transpose(0, 1, 3, 2)) * self.head_dim ** -0.5
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-        y = ops.softmax(scores, axis=-1, where=causal) @ v
+        y = sdpa_like_torch(q, k, v, self.head_dim ** -0.5, causal, self.autocast_dtype)
         return self.o_proj(y.transpose(0, 2, 1, 3).reshape(b, t, self.heads * self.head_dim))
 
 

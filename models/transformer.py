@@ -30,7 +30,7 @@ from flax import nnx
 import remat
 from remat import ops
 from remat.models._settings import RematSettings, jax_block, torch_block
-from remat.models._twin import build_pair
+from remat.models._twin import build_pair, softmax_like_torch
 from remat.models._twin import token_inputs as example_inputs  # noqa: F401  (the registry's)
 from remat.models._twin import token_targets as example_targets  # noqa: F401  (the registry's)
 
@@ -87,7 +87,7 @@ class Attention(nnx.Module):
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
         # masked entries come out 0, as after torch's masked_fill(-inf); the backward
         # keeps only the probabilities (jnp.where + jax.nn.softmax keep three more arrays)
-        y = ops.softmax(scores, axis=-1, where=causal) @ v
+        y = softmax_like_torch(scores, where=causal) @ v
         return self.proj(y.transpose(0, 2, 1, 3).reshape(b, t, c))
 
 

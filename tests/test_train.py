@@ -364,3 +364,12 @@ def test_task_errors_name_keywords_and_the_cli_spells_them_as_flags():
         make_task("mlp", batch_size=0)
     with pytest.raises(TaskError, match="policy does not apply to a factory"):
         make_task("my.py:build", policy="dots")
+
+
+def test_mixed_precision_follows_the_float32_loss_curve(capsys, mlp_run):
+    d = train(capsys, "mlp", "--steps", "20", "--precision", "mixed", *TINY["mlp"])
+    assert d["precision"] == "mixed" and d["config"]["precision"] == "mixed" and mlp_run["precision"] == "float32"
+    assert falls(d["losses"])
+    assert d["losses"] != mlp_run["losses"]  # bfloat16 compute really ran
+    # same data, same start: bfloat16 rounding moves the curve by percents, not more
+    assert np.allclose(d["losses"], mlp_run["losses"], rtol=0.05)

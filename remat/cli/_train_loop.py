@@ -96,6 +96,13 @@ def _main(args: argparse.Namespace) -> int:
     from remat.analysis.process import current_rss_bytes, process_peak_rss_bytes
 
     task = build_task(args, policy=args.policy, residual_budget=args.residual_budget)
+    loss_of = task.loss
+    if getattr(args, "precision", "float32") == "mixed":
+        from remat.crosscheck.autocast import float32_outputs, jax_model
+
+        # float32 parameters and optimizer state, bfloat16 compute; the loss in float32, as under autocast
+        task.model = jax_model(task.model, "mixed")
+        loss_of = lambda out, inputs, targets: task.loss(float32_outputs(out), inputs, targets)  # noqa: E731
     if task.batch_size % n_dev:
         raise UsageError(f"batch size {task.batch_size} does not split evenly over {n_dev} devices; "
                          f"use a multiple of {n_dev} (--batch-size) or other --devices")
@@ -111,12 +118,12 @@ def _main(args: argparse.Namespace) -> int:
     state = jax.device_put((params, rest, opt_state), replicated)
     identity = {**task.identity, "optimizer": args.optimizer, "lr": lr, "batch_size": task.batch_size,
                 "seed": args.seed}
+    if getattr(args, "precision", "float32") == "mixed":  # a float32 run's saves keep their identity
+        identity["precision"] = "mixed"
 
     saver, losses, resumed_from = None, [], None
     if args.save_dir:
         saver, state, losses, resumed_from = open_saves(args, state, identity, replicated)
-
-    loss_of = task.loss
 
     def train_step(state: Any, inputs: tuple, targets: Any) -> tuple[Any, Any]:
         params, rest, opt_state = state
@@ -187,6 +194,7 @@ def _main(args: argparse.Namespace) -> int:
         "data": task.data,
         "config": identity,
         "policy": task.policy,
+        "precision": getattr(args, "precision", "float32"),
         "optimizer": args.optimizer,
         "lr": lr,
         "batch_size": task.batch_size,
@@ -226,6 +234,7 @@ def _print_summary(result: dict[str, Any]) -> None:
         ["model", f"{result['model']} ({result['parameters']:,} parameters)"],
         ["data", result["data"]],
         ["remat policy", result["policy"]],
+        ["precision", result["precision"]],
         ["optimizer", f"{result['optimizer']}, lr {result['lr']:g}, batch {result['batch_size']}"],
         ["devices", f"{result['devices']} x {result['platform']}"
          + (f" over {n_proc} processes" if n_proc > 1 else "")],

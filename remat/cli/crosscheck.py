@@ -10,6 +10,8 @@ and compares outputs and gradients (:func:`remat.crosscheck.compare_gradients`);
 
 A factory that accepts a ``remat=`` keyword gets a :class:`models.RematSettings` and places
 the checkpoints itself; any other factory's models are checkpointed as a whole.
+``--dtype bfloat16`` and ``--precision mixed`` judge each tensor against a float64 reference
+instead of a fixed tolerance (:mod:`remat.crosscheck.precision`).
 Exit codes: 0 all within tolerance, 1 something out of tolerance, 2 bad usage.
 """
 from __future__ import annotations
@@ -42,7 +44,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "on the twin's modules at the same paths")
     parser.add_argument("--checkpoint-every", "--every", dest="checkpoint_every", type=int, default=1, metavar="K",
                         help="with --checkpoint: only every K-th matching module (default 1: all)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64", "bfloat16"),
+                        help="float32/float64: a fixed tolerance; bfloat16: everything in bfloat16, judged against "
+                             "a float64 reference (pass: err_jax <= 2 * max(err_torch, eps))")
+    parser.add_argument("--precision", default=None, choices=("mixed", "bfloat16"),
+                        help="mixed: bfloat16 compute on float32 parameters and optimizer state (torch.autocast "
+                             "against Flax dtype=bf16, param_dtype=float32), judged as --dtype bfloat16")
     parser.add_argument("--steps", type=int, default=0, help="also train N steps and compare (default 0)")
     parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     parser.add_argument("--lr", type=float, default=1e-2, help="learning rate for --steps (default 0.01)")
@@ -166,6 +173,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("remat crosscheck needs PyTorch: pip install 'remat[torch]'") from None
     if args.steps < 0:
         raise UsageError(f"--steps {args.steps}: use 0 (no training) or a positive number of steps")
+    if args.precision and args.dtype not in ("float32", args.precision):
+        raise UsageError(f"--precision {args.precision} with --dtype {args.dtype}: give one of them")
+    if (args.precision or args.dtype == "bfloat16") and (args.rtol is not None or args.atol is not None):
+        raise UsageError("--rtol/--atol do not apply in bfloat16 or mixed precision: each tensor is judged against "
+                         "PyTorch's own error (err_jax <= 2 * max(err_torch, eps))")
     from remat import crosscheck
     from remat.models import RematSettings
 
@@ -182,8 +194,13 @@ def run(args: argparse.Namespace) -> int:
         from remat.cli._crosscheck_memory import run_memory
 
         return run_memory(args, jax_model, torch_model, inputs, label)
-    rtol, atol = _tolerances(args)
     mode = None if args.mode == "auto" else (("train", "eval") if args.mode == "both" else args.mode)
+    precision = args.precision or ("bfloat16" if args.dtype == "bfloat16" else None)
+    if precision is not None:
+        from remat.cli._crosscheck_precision import run_precision
+
+        return run_precision(args, precision, jax_model, torch_model, inputs, targets, whole, label, mode)
+    rtol, atol = _tolerances(args)
     grads = crosscheck.compare_gradients(jax_model, torch_model, inputs, dtype=args.dtype, mode=mode,
                                          checkpoint=whole, rtol=rtol, atol=atol)
     training = None

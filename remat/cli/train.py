@@ -43,6 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=None,
                         help="global batch size, split across --devices (default 32; 16 for the transformer)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="optax optimizer (default adam)")
+    parser.add_argument("--precision", choices=("float32", "mixed"), default="float32",
+                        help="mixed: bfloat16 matmuls and convolutions on float32 parameters and optimizer state, "
+                             "torch.autocast's rules (remat.crosscheck.autocast); default float32")
     parser.add_argument("--lr", type=float, default=None,
                         help="learning rate (default 0.1 for sgd, 3e-3 for adam/adamw)")
     group = parser.add_mutually_exclusive_group()

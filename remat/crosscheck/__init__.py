@@ -29,6 +29,10 @@ The modules, from the bottom up:
 * :mod:`remat.crosscheck.harness`: what both comparisons share (dtypes, modes, layouts, calls).
 * :mod:`remat.crosscheck.gradients`: :func:`compare_gradients`.
 * :mod:`remat.crosscheck.training`: :func:`compare_training` and the optimizer mapping.
+* :mod:`remat.crosscheck.precision`: bfloat16 and mixed precision judged against a float64
+  reference (``err_jax <= 2 * max(err_torch, eps)``): rows and :class:`PrecisionReport`.
+* :mod:`remat.crosscheck.autocast`: the two sides of a low-precision run (``torch.autocast``
+  and its per-module counterpart for NNX); :mod:`remat.crosscheck.precision_runs`: the runs.
 
 Example:
   >>> from remat.crosscheck import compare_gradients, load_torch_state
@@ -42,6 +46,7 @@ from remat.crosscheck.checkpoint import torch_checkpoint
 from remat.crosscheck.gradients import compare_gradients
 from remat.crosscheck.layouts import LAYOUTS, LayoutWarning
 from remat.crosscheck.lazy import TORCH_MISSING
+from remat.crosscheck.precision import PRECISIONS, PrecisionReport, PrecisionRow
 from remat.crosscheck.pytrees import PytreeModel, as_nnx
 from remat.crosscheck.report import TOLERANCES, TRAINING_TOLERANCES, GradientReport, Row, TrainingReport
 from remat.crosscheck.training import OPTIMIZERS, compare_training, make_optimizers
@@ -60,6 +65,9 @@ __all__ = [
     "LayoutWarning",
     "LoadReport",
     "OPTIMIZERS",
+    "PRECISIONS",
+    "PrecisionReport",
+    "PrecisionRow",
     "PytreeModel",
     "Row",
     "StateDictMismatchError",

@@ -32,6 +32,8 @@ from remat.crosscheck.harness import (
 from remat.crosscheck.layouts import torch_name
 from remat.crosscheck.lazy import _torch
 from remat.crosscheck.outputs import jax_sum, select, selectors, torch_arrays, torch_sum
+from remat.crosscheck.precision import PrecisionReport
+from remat.crosscheck.precision_runs import precision_gradients, resolve_precision
 from remat.crosscheck.pytrees import as_nnx
 from remat.crosscheck.report import TOLERANCES, GradientReport, Row, _param_rows, _row, _tolerances
 from remat.crosscheck.weights import TorchNaming, _state_dict, _to_numpy, _variables
@@ -80,7 +82,8 @@ def compare_gradients(
     rename: Mapping[str, str] | Callable[[str], str | None] | None = None,
     output: Any = None,
     layouts: Mapping[str, str] | Callable[[str], str | None] | None = None,
-) -> GradientReport:
+    precision: str | None = None,
+) -> GradientReport | PrecisionReport:
     """Compares outputs and gradients of a JAX model and its PyTorch twin on the same inputs.
 
     Works on copies: neither model (nor its BatchNorm statistics) is changed.
@@ -98,7 +101,8 @@ def compare_gradients(
       rtol, atol: a tensor passes when ``max|jax - torch| <= atol + rtol * max|torch|``;
         defaults from :data:`TOLERANCES` for ``dtype``.
       dtype: ``"float32"`` or ``"float64"`` (both models are copied and cast; JAX runs
-        inside ``jax.enable_x64(True)``).
+        inside ``jax.enable_x64(True)``); ``"bfloat16"``: everything in bfloat16, judged
+        against a float64 reference (``precision=``).
       mode: ``"train"``, ``"eval"`` or both; default both when the torch model has
         BatchNorm or Dropout, else ``"train"``. Dropout cannot match across frameworks in
         train mode (different random streams): compare such models in ``"eval"``.
@@ -123,9 +127,16 @@ def compare_gradients(
         named in ``report.skipped``.
       layouts: per-tensor layout override, as for :func:`load_torch_state` (by default
         each kernel takes its torch owner's layout: ``nn.Linear``, HF ``Conv1D``, convs).
+      precision: ``"bfloat16"`` (the same as ``dtype="bfloat16"``) or ``"mixed"``
+        (bfloat16 compute on float32 parameters: ``torch.autocast`` against Flax's
+        ``dtype=bf16, param_dtype=float32``, :mod:`remat.crosscheck.autocast`). Both
+        runs are measured against the twin in float64 and a tensor passes when
+        ``err_jax <= 2 * max(err_torch, eps)`` (:mod:`remat.crosscheck.precision`);
+        ``rtol``/``atol`` do not apply.
 
     Returns:
-      A :class:`GradientReport`; ``report.ok``, ``print(report)``, ``report.to_json()``;
+      A :class:`GradientReport` (a :class:`~remat.crosscheck.precision.PrecisionReport` for
+      ``bfloat16``/``mixed``); ``report.ok``, ``print(report)``, ``report.to_json()``;
       tensors that share storage (tied embeddings) appear once and are listed in
       ``report.tied``.
 
@@ -135,13 +146,18 @@ def compare_gradients(
     torch = _torch()
     jax_model = as_nnx(jax_model)
     _check_loaded(jax_model, "compare_gradients")
-    dtype = _dtype_name(dtype)
-    rtol, atol = _tolerances(TOLERANCES, dtype, rtol, atol)
+    low = resolve_precision(dtype, precision)
     xs = _inputs(inputs)
     jax_loss, torch_loss = _loss_pair(loss)
     jax_select, torch_select = selectors(output)
     channels_last = _channels_last(jax_model, layout)
     naming = TorchNaming(torch_model, rename, layouts, list(_variables(jax_model)))
+    if low is not None:
+        return precision_gradients(jax_model, torch_model, xs, precision=low, modes=_modes(mode, torch_model),
+                                   checkpoint=checkpoint, losses=(jax_loss, torch_loss),
+                                   selectors=(jax_select, torch_select), channels_last=channels_last, naming=naming)
+    dtype = _dtype_name(dtype)
+    rtol, atol = _tolerances(TOLERANCES, dtype, rtol, atol)
     float_idx = [i for i, a in enumerate(xs) if _is_float(a)]
     rows: list[Row] = []
     skipped: list[str] = []

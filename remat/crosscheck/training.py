@@ -59,6 +59,8 @@ from remat.crosscheck.harness import (
 from remat.crosscheck.layouts import torch_name
 from remat.crosscheck.lazy import _torch
 from remat.crosscheck.outputs import only_array, select, selectors
+from remat.crosscheck.precision import PrecisionReport
+from remat.crosscheck.precision_runs import precision_training, resolve_precision
 from remat.crosscheck.pytrees import as_nnx
 from remat.crosscheck.report import TRAINING_TOLERANCES, TrainingReport, _param_rows, _row, _tolerances
 from remat.crosscheck.weights import TorchNaming, _to_numpy, _variables
@@ -164,7 +166,8 @@ def compare_training(
     output: Any = None,
     exclude: Collection[str] | Callable[[str], bool] | None = None,
     layouts: Mapping[str, str] | Callable[[str], str | None] | None = None,
-) -> TrainingReport:
+    precision: str | None = None,
+) -> TrainingReport | PrecisionReport:
     """Trains copies of both models on the same batch and compares losses and final weights.
 
     Each step: forward on ``inputs``, loss against ``targets``, backward, one optimizer
@@ -183,7 +186,12 @@ def compare_training(
       loss: a pair ``(jax_loss(out, y), torch_loss(out, y))`` replacing the default (the
         default works on the output's single floating array: a ``ModelOutput``'s logits
         beside its cache; with more than one, say which with ``output=``).
-      dtype: ``"float32"`` or ``"float64"``.
+      dtype: ``"float32"``, ``"float64"`` or ``"bfloat16"`` (parameters and optimizer
+        state in bfloat16 too).
+      precision: ``"bfloat16"`` or ``"mixed"`` (bfloat16 compute, float32 parameters and
+        optimizer state): the losses and final weights of both runs are measured against
+        the twin trained in float64, as in :func:`compare_gradients`; ``rtol``/``atol``
+        do not apply.
       mode: ``"train"`` (BatchNorm on batch statistics, running statistics updated and
         compared) or ``"eval"`` (running statistics fixed).
       layout, checkpoint, rename, output, layouts: as for :func:`compare_gradients`
@@ -209,8 +217,10 @@ def compare_training(
     _torch()  # fail early, with the install hint, when PyTorch is missing
     jax_model = as_nnx(jax_model)
     _check_loaded(jax_model, "compare_training")
-    dtype = _dtype_name(dtype)
-    rtol, atol = _tolerances(TRAINING_TOLERANCES, dtype, rtol, atol)
+    low = resolve_precision(dtype, precision)
+    if low is None:
+        dtype = _dtype_name(dtype)
+        rtol, atol = _tolerances(TRAINING_TOLERANCES, dtype, rtol, atol)
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
     if not isinstance(steps, int) or steps < 1:
@@ -229,6 +239,16 @@ def compare_training(
     naming = TorchNaming(torch_model, rename, layouts, flax_names)
     excluded_by = _excluder(exclude, set(flax_names) | set(naming.names.values()))
     channels_last = _channels_last(jax_model, layout)
+    excluded = sorted(n for n in set(flax_names) | set(naming.names.values()) if excluded_by and excluded_by(n))
+    if low is not None:
+        def optimizers(params: Any) -> tuple[Any, Any]:
+            return make_optimizers(optimizer, params, lr=lr, momentum=momentum, betas=betas, eps=eps,
+                                   weight_decay=weight_decay)
+
+        return precision_training(jax_model, torch_model, xs, y, precision=low, mode=mode, steps=steps,
+                                  optimizers=optimizers, checkpoint=checkpoint, losses=(jax_loss, torch_loss),
+                                  selectors=(jax_select, torch_select), channels_last=channels_last, naming=naming,
+                                  exclude=excluded_by, optimizer=optimizer, excluded=excluded, lr=lr)
     with _precision(dtype):
         jm = _cast_jax_model(jax_model, dtype)
         tm = _cast_torch_model(torch_model, dtype)
@@ -270,6 +290,5 @@ def compare_training(
         rows += _param_rows(mode, "param", jax_params, torch_params, rtol, atol, naming, excluded_by)
         if mode == "train":
             rows += _param_rows(mode, "buffer", _jax_buffers(jm), _buffers(tm), rtol, atol, naming, excluded_by)
-    excluded = sorted(n for n in set(flax_names) | set(naming.names.values()) if excluded_by and excluded_by(n))
     return TrainingReport(optimizer, steps, mode, jax_losses, torch_losses, rows, dtype, rtol, atol,
                           tied=naming.tied, excluded=excluded)
