@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             cache: dict = {}
             for budget in (0.25, 0.5, 0.75):
                 t0 = time.perf_counter()
-                p = plan(loss, *step_args, budget=budget, repeat=args.repeat, cache=cache)
+                p = plan(loss, *step_args, memory_budget=budget, repeat=args.repeat, cache=cache)
                 row = {"model": model, "depth": depth, "budget": budget, "feasible": p.feasible,
                        "keep_freed_memory": args.keep_freed_memory,
                        "limit_bytes": p.limit_bytes, "none_temp_bytes": p.none_temp_bytes,

@@ -25,7 +25,7 @@ EXAMPLE = "remat plan transformer --budget 0.5 --depth 8"
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL",
                         help="mlp, transformer, cnn, seed-model, seed-mymodel or path/to/file.py:factory")
-    parser.add_argument("--memory-budget", "--budget", dest="budget", type=float, required=True, metavar="F",
+    parser.add_argument("--memory-budget", "--budget", dest="memory_budget", type=float, required=True, metavar="F",
                         help="the whole step's compiled temp memory allowed, as a fraction in [0, 1] of no "
                              "checkpoint; 0: the leanest plan found (--budget is the shorter spelling)")
     parser.add_argument("--depth", type=int, default=None, help="number of blocks (built-in models)")
@@ -40,8 +40,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not 0 <= args.budget <= 1:
-        raise UsageError(f"--budget {args.budget}: use a fraction in [0, 1] (0: the leanest plan), "
+    if not 0 <= args.memory_budget <= 1:
+        raise UsageError(f"--budget {args.memory_budget}: use a fraction in [0, 1] (0: the leanest plan), "
                          "e.g. --budget 0.5")
     if args.repeat < 1:
         raise UsageError("--repeat must be at least 1")
@@ -51,11 +51,11 @@ def run(args: argparse.Namespace) -> int:
     from remat.planner import plan
 
     # every block checkpointed (policy "nothing"); the planner re-decides each region
-    budget = args.budget
+    budget = args.memory_budget
     task = build_task(args)
     loss, step_args = pure_step_loss(task)
     started = time.perf_counter()
-    result = plan(loss, *step_args, budget=budget, repeat=args.repeat)
+    result = plan(loss, *step_args, memory_budget=budget, repeat=args.repeat)
     plan_s = time.perf_counter() - started
     modules = _module_choices(loss, step_args, result.chosen) if args.checkpoint else []
     if args.json:
