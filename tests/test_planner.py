@@ -254,16 +254,18 @@ def test_budget_zero_is_the_leanest_plan_and_whole_step_keeps_only_inputs():
     # nested inside it, the regions still bound the temp memory; without them it is none's
     assert whole_nested.temp_bytes <= 1.01 * nothing.temp_bytes
     assert whole_plain.temp_bytes > nothing.temp_bytes
-    # budget 0: the least temp memory found, then the fewest residual bytes
+    # budget 0: the candidates within 1% of the least temp memory found, then the fastest
     assert p.feasible and p.chosen.temp_bytes == pytest.approx(min(c.temp_bytes for c in p.candidates), rel=0.01)
     assert p.chosen.temp_bytes <= 1.01 * nothing.temp_bytes
-    assert p.chosen.residual_bytes <= nothing.residual_bytes
-    assert p.chosen.label == whole_nested.label
+    leanest = [c for c in p.candidates if c.fits]
+    assert whole_nested.label in {c.label for c in leanest} and len(leanest) < len(p.candidates)
+    assert p.chosen.predicted_ms == min(c.predicted_ms for c in leanest)
+    # the whole step checkpointed recomputes the forward once more: slower than the regions alone
+    assert p.chosen.predicted_ms < whole_nested.predicted_ms
     g = jax.grad(lambda ws: p.apply(loss)(ws, X))(WS)
     g0 = jax.grad(lambda ws: loss(ws, X))(WS)
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g0)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
-    assert saved_residuals(p.apply(loss), WS, X).residual_bytes == 0
 
 
 @pytest.mark.slow

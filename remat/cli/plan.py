@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import time
+import sys
 from typing import Any
 
 from remat.cli._common import (
@@ -48,19 +48,20 @@ def run(args: argparse.Namespace) -> int:
     validate_checkpoint_flags(args)
     apply_keep_freed_memory_flag(args)  # before JAX starts its threads
     from remat.models.tasks import pure_step_loss
-    from remat.planner import plan
+    from remat.planner import plan, region_choices
 
     # every block checkpointed (policy "nothing"); the planner re-decides each region
     budget = args.memory_budget
     task = build_task(args)
     loss, step_args = pure_step_loss(task)
-    started = time.perf_counter()
-    result = plan(loss, *step_args, memory_budget=budget, repeat=args.repeat)
-    plan_s = time.perf_counter() - started
+    result = plan(loss, *step_args, memory_budget=budget, repeat=args.repeat,
+                  progress=lambda line: print(line, file=sys.stderr, flush=True))
+    plan_s = result.plan_s
     modules = _module_choices(loss, step_args, result.chosen) if args.checkpoint else []
     if args.json:
-        print_json({"model": task.name, "checkpoint": args.checkpoint, "plan_s": round(plan_s, 1),
-                    "modules": [{"path": p, "policy": s} for p, s in modules], **result.to_dict()})
+        print_json({"model": task.name, "checkpoint": args.checkpoint,
+                    "modules": [{"path": p, "policy": s} for p, s in modules],
+                    "regions": region_choices(result, loss, *step_args), **result.to_dict()})
     else:
         mib = 2**20
         rows = [[("-> " if result.chosen and c.label == result.chosen.label else "   ") + c.label,
@@ -81,8 +82,12 @@ def run(args: argparse.Namespace) -> int:
                   f"{result.chosen.measured_ms:.2f} ms per step)")
             if modules:
                 print("per module: " + ", ".join(f"{p} {s}" for p, s in modules))
+            for line in result.why():
+                print(line)
         compiled = sum(c.compiled is not None for c in result.candidates)
-        print(f"planned in {plan_s:.1f} s: {len(result.candidates)} candidates, {compiled} compiled, "
+        one = f" ({plan_s / result.compile_s:.1f}x one compile of the un-checkpointed step, " \
+              f"{result.compile_s:.1f} s)" if result.compile_s else ""
+        print(f"planned in {plan_s:.1f} s{one}: {len(result.candidates)} candidates, {compiled} compiled, "
               f"{len({c.program for c in result.candidates if c.program})} distinct programs")
     return EXIT_OK if result.feasible else EXIT_CHECK_FAILED
 

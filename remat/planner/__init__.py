@@ -8,7 +8,8 @@ guide, with the candidate families and how the search weighs them, is ``docs/pla
 The modules: ``steering`` (what a candidate changes in a trace), ``_families`` (the
 candidates), ``_search`` (tracing, early rejection, one compile per distinct program),
 ``programs`` (fingerprints, predicted and measured times), ``_planner`` (:func:`plan`) and
-``_plan`` (:class:`Plan`).
+``_plan`` (:class:`Plan`), ``_mixed`` (mixed per-region assignments from a cost
+model) and ``_regions`` (each region's choice and bytes).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from remat._core.apply import region_paths
 from remat.planner._candidate import CandidateSpec, PlanCandidate
 from remat.planner._plan import Plan
 from remat.planner._planner import plan
+from remat.planner._regions import region_choices
 from remat.planner._search import REJECT_MARGIN, CandidateSearch, compile_all
 from remat.planner.programs import (  # noqa: F401  (private helpers the CLI and tests reach)
     _predicted_ms,
@@ -39,5 +41,5 @@ from remat.planner.steering import (  # noqa: F401  (private helpers the CLI and
 __all__ = [
     "AS_WRITTEN", "NONE", "REJECT_MARGIN", "Binomial", "CandidateSearch", "CandidateSpec", "Plan", "PlanCandidate",
     "apply_policies", "compile_all", "compile_step", "count_regions", "lower_step", "lowered_fingerprint", "plan",
-    "program_fingerprint", "region_paths", "scan_depths", "time_side_by_side",
+    "program_fingerprint", "region_choices", "region_paths", "scan_depths", "time_side_by_side",
 ]

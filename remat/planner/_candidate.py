@@ -36,7 +36,7 @@ class PlanCandidate:
       compiled: the compiled ``jit(grad(step))``, timed without a second compile.
       whole_step: the whole step checkpointed once more around its regions.
       residual_bytes: bytes the backward keeps besides the step's inputs.
-      region_residual_bytes: those bytes split by the region that keeps them (None: not split).
+      compile_s: seconds its program took to compile, when it compiled alone (None: with others).
     """
 
     label: str
@@ -52,7 +52,7 @@ class PlanCandidate:
     compiled: Any = dataclasses.field(default=None, repr=False, compare=False)
     whole_step: bool = False
     residual_bytes: int | None = None
-    region_residual_bytes: tuple[int, ...] | None = None
+    compile_s: float | None = None
 
     @property
     def spec(self) -> CandidateSpec:
@@ -70,3 +70,7 @@ class PlanCandidate:
                 "sequential_segments": self.sequential, "whole_step": self.whole_step,
                 "residual_bytes": self.residual_bytes, "temp_bytes": self.temp_bytes, "predicted_ms": self.predicted_ms,
                 "measured_ms": self.measured_ms, "fits": self.fits, "program": self.program}
+
+    def speed_ms(self) -> float | None:
+        """The measured time, else the predicted one."""
+        return self.measured_ms if self.measured_ms is not None else self.predicted_ms

@@ -23,6 +23,9 @@ class Plan:
       chosen: the plan (None when nothing fits).
       candidates: every candidate weighed.
       minimum_bytes: the least temp memory any compiled candidate reached.
+      plan_s: seconds the planning took.
+      compile_s: seconds one compile of the un-checkpointed step took in the same run
+        (None: it came compiled from the cache).
     """
 
     memory_budget: float
@@ -33,6 +36,8 @@ class Plan:
     chosen: PlanCandidate | None
     candidates: tuple[PlanCandidate, ...]
     minimum_bytes: int
+    plan_s: float | None = None
+    compile_s: float | None = None
 
     def apply(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
         """``step_fn`` with the plan's choice for every checkpointed region (at trace time)."""
@@ -45,11 +50,52 @@ class Plan:
         return apply_policies(step_fn, self.chosen.policies, scan=self.chosen.scan,
                               sequential=self.chosen.sequential, whole_step=self.chosen.whole_step)
 
+    @property
+    def runner_up(self) -> PlanCandidate | None:
+        """The next best fitting candidate: the fastest whose program is not the chosen one's."""
+        if self.chosen is None:
+            return None
+        others = [c for c in self.candidates if c.fits and c.program != self.chosen.program]
+        return min(others, key=PlanCandidate.speed_ms, default=None)
+
+    @property
+    def faster_over_limit(self) -> PlanCandidate | None:
+        """The compiled candidate predicted faster than the chosen one that misses the limit
+        by the fewest bytes: what a little more memory would buy."""
+        if self.chosen is None:
+            return None
+        faster = [c for c in self.candidates if c.temp_bytes is not None and not c.fits
+                  and c.predicted_ms < self.chosen.predicted_ms]
+        return min(faster, key=lambda c: c.temp_bytes, default=None)
+
+    def why(self) -> list[str]:
+        """What the alternatives would have cost: the runner-up's time, the nearest faster
+        candidate's bytes over the limit."""
+        mib, lines = 2**20, []
+        if self.chosen is None:
+            return lines
+        up = self.runner_up
+        if up is not None:
+            chosen_ms, up_ms = self.chosen.speed_ms(), up.speed_ms()
+            kind = "measured" if up.measured_ms is not None else "predicted"
+            lines.append(f"runner-up: {up.label} ({up.temp_bytes / mib:.1f} MiB), "
+                         f"{100 * (up_ms / chosen_ms - 1):+.1f}% step time ({kind} {up_ms:.2f} ms)")
+        over = self.faster_over_limit
+        if over is not None:
+            over_mib = (over.temp_bytes - self.limit_bytes) / mib
+            lines.append(f"faster but over the limit: {over.label}, {over_mib:.2f} MiB "
+                         f"over ({100 * (over.predicted_ms / self.chosen.predicted_ms - 1):+.1f}% predicted time)")
+        return lines
+
     def to_dict(self) -> dict[str, Any]:
         return {"memory_budget": self.memory_budget, "limit_bytes": self.limit_bytes,
                 "none_temp_bytes": self.none_temp_bytes, "num_regions": self.num_regions,
                 "feasible": self.feasible, "minimum_bytes": self.minimum_bytes,
+                "plan_s": self.plan_s, "compile_s": self.compile_s,
                 "chosen": self.chosen.to_dict() if self.chosen else None,
+                "runner_up": self.runner_up.to_dict() if self.runner_up else None,
+                "faster_over_limit": self.faster_over_limit.to_dict() if self.faster_over_limit else None,
+                "why": self.why(),
                 "candidates": [c.to_dict() for c in self.candidates]}
 
     def to_json(self, **kwargs: Any) -> str:
@@ -73,4 +119,4 @@ class Plan:
             lines.append(f"  {mark}{c.label:<42}{c.temp_bytes / mib:>10.1f}"
                          f"{c.temp_bytes / self.none_temp_bytes:>9.2f}{'yes' if c.fits else 'no':>6}"
                          f"{c.predicted_ms:>9.2f}{meas}")
-        return "\n".join(lines)
+        return "\n".join(lines + [f"  {line}" for line in self.why()])

@@ -2,16 +2,18 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from remat.analysis.budget import calibrate_once
 from remat.planner._candidate import PlanCandidate
 from remat.planner._families import family_specs, no_checkpoint_spec
+from remat.planner._mixed import mixed_spec, mixed_specs, uniform_costs
 from remat.planner._plan import Plan
 from remat.planner._search import CandidateSearch
 from remat.planner.programs import time_side_by_side
-from remat.planner.steering import NONE, _survey
+from remat.planner.steering import _survey
 from remat.policies import PolicySpec
 
 
@@ -26,6 +28,7 @@ def plan(
     measure: bool = True,
     cache: dict[str, PlanCandidate] | None = None,
     early_reject: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> Plan:
     """Finds the fastest way to checkpoint ``step_fn`` whose compiled temp memory fits.
 
@@ -35,7 +38,7 @@ def plan(
       memory_budget: the most compiled temp memory of ``jit(grad(step_fn))``, as a fraction
         in [0, 1] of the same step without any checkpoint (the whole step's memory, unlike
         :func:`remat.residual_budget`'s fraction of one region's residuals); 0 asks for the
-        leanest plan found (least temp memory, then fewest residual bytes, then fastest).
+        leanest plan found: the fastest of the candidates within 1% of the least temp memory.
       argnums: what the gradient is taken with respect to.
       policies: fixed policies tried on every region.
       budget_fractions: fractions of :func:`remat.residual_budget` tried on every region.
@@ -47,6 +50,8 @@ def plan(
       early_reject: leave uncompiled the candidates whose residual bytes (one trace) predict
         a temp memory over the limit; they are listed with no temp bytes, and compiled after
         all when nothing else fits.
+      progress: called with one line (candidates compiled out of those weighed, the best
+        plan so far) after each batch of compiles; e.g. ``print`` to stderr.
 
     Returns:
       A :class:`Plan`; ``plan.apply(step_fn)`` runs the step the planned way.
@@ -55,6 +60,7 @@ def plan(
       >>> p = plan(loss, params, x, memory_budget=0.5)            # doctest: +SKIP
       >>> grads = jax.jit(jax.grad(p.apply(loss)))(params, x)  # doctest: +SKIP
     """
+    started = time.perf_counter()
     budget = memory_budget
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget <= 1:
         raise ValueError("plan(memory_budget=...) must be a fraction in [0, 1] (0: the leanest plan), "
@@ -65,7 +71,8 @@ def plan(
         raise ValueError("plan() found no remat.checkpoint region or remat.scan_layers in step_fn: "
                          "checkpoint its blocks first")
     calibrate_once()  # predicted_ms at this machine's FLOP and byte rates, not defaults
-    search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache, early_reject, lean=budget == 0)
+    search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache, early_reject, lean=budget == 0,
+                             progress=progress)
     none = search.evaluate(no_checkpoint_spec(survey))
     limit = int(budget * none.temp_bytes)
     search.calibrate(none, limit)
@@ -74,10 +81,8 @@ def plan(
         # the leanest: the least temp memory any candidate reached, with 1% of slack so
         # that programs differing by a few bytes of bookkeeping are all weighed
         limit = int(1.01 * search.least)
-    for rest in (NONE, "dots") if budget > 0 else ():
-        prefix = search.smallest_prefix(rest, n, limit)
-        if prefix is not None:
-            pool.append(prefix)
+    if budget > 0 and not survey.scan_depths:
+        pool += _mixed(search, pool, n, limit)
     pool = list({c.label: c for c in pool}.values())  # a policy listed twice is weighed once
     if not any(c.fits_in(limit) for c in pool) and any(c.compiled is None for c in pool):
         # nothing fits: the minimum reported must be the true one, so the rejected compile too
@@ -87,10 +92,26 @@ def plan(
     pool = [dataclasses.replace(c, fits=c.fits_in(limit)) for c in pool]
     if measure:
         pool = _timed(pool, args, repeat)
-    chosen = _choose([c for c in pool if c.fits], lean=budget == 0, measured=measure)
+    chosen = _choose([c for c in pool if c.fits], measured=measure)
     return Plan(memory_budget=float(budget), limit_bytes=limit, none_temp_bytes=none.temp_bytes,
                 num_regions=n, feasible=chosen is not None, chosen=chosen, candidates=tuple(pool),
-                minimum_bytes=min(c.temp_bytes for c in pool if c.temp_bytes is not None))
+                minimum_bytes=min(c.temp_bytes for c in pool if c.temp_bytes is not None),
+                plan_s=time.perf_counter() - started, compile_s=none.compile_s)
+
+
+def _mixed(search: CandidateSearch, pool: list[PlanCandidate], n: int, limit: int) -> list[PlanCandidate]:
+    """The mixed assignments (:mod:`remat.planner._mixed`) predicted faster than every
+    uniform candidate that fits, compiled to confirm; then, for each, one region more of
+    the lean policy where it did not fit, or one fewer where it did (it may fit still)."""
+    beat = min((c.predicted_ms for c in pool if c.fits_in(limit)), default=float("inf"))
+    proposals = mixed_specs(uniform_costs(pool, n), n, limit, beat)
+    first = search.evaluate_many([spec for spec, _, _ in proposals])
+    neighbours = []
+    for (spec, _, k), c in zip(proposals, first):
+        j = k - 1 if c.fits_in(limit) else k + 1
+        if 1 <= j < n:
+            neighbours.append(mixed_spec(spec.policies[0], spec.policies[-1], j, n))
+    return first + search.evaluate_many(neighbours)
 
 
 def _timed(pool: list[PlanCandidate], args: tuple, repeat: int) -> list[PlanCandidate]:
@@ -104,12 +125,10 @@ def _timed(pool: list[PlanCandidate], args: tuple, repeat: int) -> list[PlanCand
     return [dataclasses.replace(c, measured_ms=times.get(c.program) if c.fits else None) for c in pool]
 
 
-def _choose(fitting: list[PlanCandidate], lean: bool, measured: bool) -> PlanCandidate | None:
-    """The fastest fitting candidate; for the leanest plan, the fastest of those with the
-    fewest residual bytes (within 1%)."""
+def _choose(fitting: list[PlanCandidate], measured: bool) -> PlanCandidate | None:
+    """The fastest fitting candidate (for the leanest plan, the fitting ones are those
+    within 1% of the least temp memory); among equally fast ones, the fewest residual bytes."""
     if not fitting:
         return None
-    if lean:
-        fewest = min(c.residual_bytes for c in fitting)
-        fitting = [c for c in fitting if c.residual_bytes <= 1.01 * fewest]
-    return min(fitting, key=(lambda c: c.measured_ms) if measured else (lambda c: c.predicted_ms))
+    speed = (lambda c: c.measured_ms) if measured else (lambda c: c.predicted_ms)
+    return min(fitting, key=lambda c: (speed(c), c.residual_bytes))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,12 +34,16 @@ class CandidateSearch:
       cache: candidates by label, shared across searches of the same step and shapes.
       early_reject: leave uncompiled the candidates predicted (from one trace) not to fit.
       lean: budget 0: reject above the least temp memory compiled so far, not a fixed limit.
+      progress: called with a line after each batch of compiles (None: silent).
     """
 
     def __init__(self, step_fn: Callable[..., Any], args: tuple, argnums: int | Sequence[int],
-                 cache: dict[str, PlanCandidate], early_reject: bool, lean: bool):
+                 cache: dict[str, PlanCandidate], early_reject: bool, lean: bool,
+                 progress: Callable[[str], None] | None = None):
         self.step_fn, self.args, self.argnums, self.cache = step_fn, args, argnums, cache
-        self.early_reject, self.lean = early_reject, lean
+        self.early_reject, self.lean, self.progress = early_reject, lean, progress
+        self.limit: float | None = None  # the plan's limit, for the best-so-far of the progress lines
+        self.evaluated: dict[str, PlanCandidate] = {}  # this search's candidates, by label
         self.ceiling: float | None = None  # temp bytes above which a candidate is not compiled
         self.least = float("inf")  # the least temp memory compiled so far
         # compiled temp bytes per residual byte, at most 1: XLA may fuse cheap residuals into
@@ -48,7 +53,7 @@ class CandidateSearch:
 
     def calibrate(self, none: PlanCandidate, limit: int) -> None:
         """The un-checkpointed step compiled: set the rejection ceiling and the folding ratio."""
-        self.ceiling = limit
+        self.ceiling = self.limit = limit
         self.folded = min(1.0, none.temp_bytes / max(none.residual_bytes, 1))
 
     def predicted_temp_bytes(self, c: PlanCandidate) -> float:
@@ -91,12 +96,15 @@ class CandidateSearch:
         # compile; the distinct new programs compile side by side (XLA releases the GIL)
         known = {o.lowered: o for o in self.cache.values() if o.compiled is not None}
         todo = {key: low for key, low in lowered_by_key.items() if key not in known}
-        for key, compiled in zip(todo, compile_all(list(todo.values()))):
+        started = time.perf_counter()
+        programs = compile_all(list(todo.values()))
+        alone_s = time.perf_counter() - started if len(todo) == 1 else None
+        for key, compiled in zip(todo, programs):
             # one compile gives the exact temp bytes, the FLOPs/bytes for the time model and
             # the executable that is timed
             known[key] = PlanCandidate("", (), temp_bytes=CompiledMemory.from_compiled(compiled).temp_bytes,
                                        predicted_ms=_predicted_ms(compiled), program=program_fingerprint(compiled),
-                                       lowered=key, compiled=compiled)
+                                       lowered=key, compiled=compiled, compile_s=alone_s)
         self.compiles += len(todo)
         out = []
         for c, key in staged:
@@ -104,28 +112,28 @@ class CandidateSearch:
                 k = known[key]
                 c = self.cache[c.label] = dataclasses.replace(
                     c, temp_bytes=k.temp_bytes, predicted_ms=k.predicted_ms, program=k.program, lowered=key,
-                    compiled=k.compiled)
+                    compiled=k.compiled, compile_s=k.compile_s)
             if c.temp_bytes is not None:
                 self.least = min(self.least, c.temp_bytes)
+            self.evaluated[c.label] = c
             out.append(c)
+        if todo and self.progress is not None:
+            self.progress(self._progress_line(len(specs)))
         return out
+
+    def _progress_line(self, batch: int) -> str:
+        compiled = sum(c.compiled is not None for c in self.evaluated.values())
+        line = f"remat plan: {compiled} of {len(self.evaluated)} candidates compiled ({self.compiles} programs)"
+        if self.limit is not None:
+            fitting = [c for c in self.evaluated.values() if c.fits_in(self.limit)]
+            if fitting:
+                best = min(fitting, key=lambda c: c.predicted_ms)
+                line += (f"; best so far: {best.label} ({best.temp_bytes / 2**20:.1f} MiB, "
+                         f"{best.predicted_ms:.2f} ms predicted)")
+        return line
 
     def evaluate(self, spec: CandidateSpec) -> PlanCandidate:
         return self.evaluate_many([spec])[0]
-
-    def smallest_prefix(self, rest: Any, n: int, limit: int) -> PlanCandidate | None:
-        """Bisection for the fewest leading regions to rematerialize fully (the others
-        ``rest``) so that the step fits; memory falls as the prefix grows."""
-        lo, hi, best = 1, n - 1, None
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            c = self.evaluate(CandidateSpec(f"first {mid}: nothing, rest {rest}",
-                                            ("nothing",) * mid + (rest,) * (n - mid)))
-            if c.fits_in(limit):
-                best, hi = c, mid - 1
-            else:
-                lo = mid + 1
-        return best
 
 
 def compile_all(lowered: list[Any]) -> list[Any]:
