@@ -25,7 +25,7 @@ import os
 import sys
 import time
 
-SIZES = {"mlp": dict(width=256, batch_size=128), "transformer": dict(width=64, batch_size=8, seq_len=64),
+SIZES = {"mlp": dict(width=128, batch_size=512), "transformer": dict(width=64, batch_size=8, seq_len=64),
          "cnn": dict(batch_size=16)}
 OPTIONS = ("no_checkpoint", "nothing", "dots_no_batch", "dots")
 BUDGETS = (0.0, 0.25, 0.5, 0.75)
@@ -111,7 +111,9 @@ def run_one(model: str, depth: int, repeat: int, log) -> list[dict]:
                "plan_fits": p.chosen is not None and p.chosen.temp_bytes <= limit,
                "plan_ms": ms[p.chosen.program] if p.chosen else None,
                "oracle": best["label"] if best else None, "oracle_ms": ms[best["program"]] if best else None,
-               "oracle_temp_bytes": best["temp_bytes"] if best else None}
+               "oracle_temp_bytes": best["temp_bytes"] if best else None,
+               # the five fastest fitting assignments, to see how far apart the leaders are
+               "oracle_fastest": sorted(((ms[r["program"]], r["label"]) for r in fitting))[:5]}
         row["ratio"] = row["plan_ms"] / row["oracle_ms"] if best and p.chosen else None
         out.append(row)
         log(json.dumps(row))

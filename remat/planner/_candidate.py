@@ -37,6 +37,9 @@ class PlanCandidate:
       whole_step: the whole step checkpointed once more around its regions.
       residual_bytes: bytes the backward keeps besides the step's inputs.
       compile_s: seconds its program took to compile, when it compiled alone (None: with others).
+      estimated_temp_bytes, estimated_ms: predicted before compiling, from its residual bytes
+        and its lowered program's cost (None: not estimated).
+      estimated_cost: the lowered program's ``(flops, bytes accessed)``.
     """
 
     label: str
@@ -53,6 +56,9 @@ class PlanCandidate:
     whole_step: bool = False
     residual_bytes: int | None = None
     compile_s: float | None = None
+    estimated_temp_bytes: int | None = None
+    estimated_ms: float | None = None
+    estimated_cost: tuple[float, float] | None = None
 
     @property
     def spec(self) -> CandidateSpec:
@@ -69,7 +75,8 @@ class PlanCandidate:
                     "groups": str(self.scan[1]) if isinstance(self.scan[1], Binomial) else self.scan[1]},
                 "sequential_segments": self.sequential, "whole_step": self.whole_step,
                 "residual_bytes": self.residual_bytes, "temp_bytes": self.temp_bytes, "predicted_ms": self.predicted_ms,
-                "measured_ms": self.measured_ms, "fits": self.fits, "program": self.program}
+                "measured_ms": self.measured_ms, "fits": self.fits, "program": self.program,
+                "estimated_temp_bytes": self.estimated_temp_bytes, "estimated_ms": self.estimated_ms}
 
     def speed_ms(self) -> float | None:
         """The measured time, else the predicted one."""

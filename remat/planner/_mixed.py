@@ -12,19 +12,30 @@ tried when the prediction was off by a region.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from remat.planner._candidate import CandidateSpec, PlanCandidate
 from remat.planner.programs import _spec_label
 
 
-def uniform_costs(pool: Sequence[PlanCandidate], n: int) -> list[tuple[Any, int, float]]:
-    """``(policy, temp_bytes, predicted_ms)`` of every compiled candidate that uses one
-    policy (or none) on all ``n`` regions and leaves scans and sequentials as written."""
+def compiled_temp(c: PlanCandidate) -> float | None:
+    return c.temp_bytes
+
+
+def compiled_ms(c: PlanCandidate) -> float | None:
+    return c.predicted_ms
+
+
+def uniform_costs(pool: Sequence[PlanCandidate], n: int,
+                  temp: Callable[[PlanCandidate], float | None] = compiled_temp,
+                  ms: Callable[[PlanCandidate], float | None] = compiled_ms) -> list[tuple[Any, float, float]]:
+    """``(policy, temp, ms)`` of every candidate that uses one policy (or none) on all ``n``
+    regions and leaves scans and sequentials as written; ``temp`` and ``ms`` read its
+    compiled temp bytes and predicted time (or, before compiling, the estimates)."""
     out, seen = [], set()
     for c in pool:
-        if (c.temp_bytes is None or c.whole_step or c.sequential is not None or n < 2
+        if (temp(c) is None or ms(c) is None or c.whole_step or c.sequential is not None or n < 2
                 or len(set(map(_spec_label, c.policies))) != 1 or len(c.policies) != n):
             continue
         if c.scan is not None and c.label != "no checkpoint":
@@ -33,11 +44,11 @@ def uniform_costs(pool: Sequence[PlanCandidate], n: int) -> list[tuple[Any, int,
         if label in seen or label == "as written":
             continue
         seen.add(label)
-        out.append((c.policies[0], c.temp_bytes, c.predicted_ms))
+        out.append((c.policies[0], temp(c), ms(c)))
     return out
 
 
-def mixed_specs(costs: Sequence[tuple[Any, int, float]], n: int, limit: int, beat_ms: float,
+def mixed_specs(costs: Sequence[tuple[Any, float, float]], n: int, limit: int, beat_ms: float,
                 top: int = 3) -> list[tuple[CandidateSpec, float, int]]:
     """The mixed assignments predicted fastest within ``limit`` and faster than ``beat_ms``.
 
