@@ -4,6 +4,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import remat
 from remat.planner import plan, region_choices
@@ -76,3 +77,18 @@ def test_plan_cli_json_reports_plan_and_compile_seconds_and_regions(capsys):
     assert [r["index"] for r in out["regions"]] == [0, 1, 2]
     assert all({"policy", "predicted_bytes", "measured_bytes", "path"} <= r.keys() for r in out["regions"])
     assert "candidates compiled" in captured.err and "best so far" in captured.err
+
+
+@pytest.mark.slow
+def test_the_finalists_search_compiles_fewer_programs_and_fits():
+    full = plan(loss, WS, X, memory_budget=0.6, measure=False)
+    fast = plan(loss, WS, X, memory_budget=0.6, measure=False, exhaustive=False)
+
+    def compiled(p):
+        return len({c.program for c in p.candidates if c.compiled is not None})
+
+    assert compiled(fast) < compiled(full)
+    assert fast.feasible and fast.chosen.temp_bytes <= fast.limit_bytes
+    # every candidate left uncompiled was estimated, before compiling, from its trace and lowering
+    left = [c for c in fast.candidates if c.compiled is None]
+    assert left and all(c.estimated_ms is not None and c.estimated_temp_bytes is not None for c in left)
