@@ -283,6 +283,8 @@ def test_equal_lowerings_compile_once_and_early_rejection_changes_no_plan():
     lean = plan(loss, WS, X, memory_budget=0.4, measure=False, budget_fractions=(0.5,))
     rejected = [c for c in lean.candidates if c.compiled is None]
     assert rejected and all(not c.fits and c.temp_bytes is None for c in rejected)
-    assert all(not by[c.label].fits for c in rejected)
+    assert all(not by[c.label].fits for c in rejected if c.label in by)
+    # the mixed assignments are sized from what compiled, so early rejection may propose others
+    assert all(c.label.startswith("first ") for c in rejected if c.label not in by)
     assert lean.chosen.label == full.chosen.label and lean.chosen.temp_bytes <= lean.limit_bytes
     assert "-" in str(lean)

@@ -66,8 +66,8 @@ def mixed_specs(costs: Sequence[tuple[Any, float, float]], n: int, limit: int, b
     found = []
     for lean, temp_lean, ms_lean in costs:
         for fast, temp_fast, ms_fast in costs:
-            if not temp_lean < temp_fast or not ms_fast < ms_lean:
-                continue  # B must cost more memory and less time than A, else uniform wins
+            if not temp_lean < temp_fast or not ms_fast < ms_lean or temp_lean > limit:
+                continue  # B must cost more memory and less time than A, and A alone must fit
             # fewest k with (k * temp_lean + (n - k) * temp_fast) / n <= limit
             # at most n - 1: the last region's backward follows its forward at once, so what
             # it keeps costs little at the peak (the linear model overstates it)
