@@ -34,6 +34,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=None, help="transformer context length")
     parser.add_argument("--repeat", type=int, default=5, help="timed steps per fitting candidate (median)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--finalists", action="store_true",
+                        help="compile only the candidates estimated fastest within the budget (experimental; "
+                             "default: compile every candidate)")
     add_checkpoint_flags(parser, every_aliases=("--every",))
     add_keep_freed_memory_flag(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     budget = args.memory_budget
     task = build_task(args)
     loss, step_args = pure_step_loss(task)
-    result = plan(loss, *step_args, memory_budget=budget, repeat=args.repeat,
+    result = plan(loss, *step_args, memory_budget=budget, repeat=args.repeat, exhaustive=not args.finalists,
                   progress=lambda line: print(line, file=sys.stderr, flush=True))
     plan_s = result.plan_s
     modules = _module_choices(loss, step_args, result.chosen) if args.checkpoint else []

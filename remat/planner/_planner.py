@@ -57,8 +57,8 @@ def plan(
       exhaustive: compile every candidate (the default). False compiles only finalists:
         each candidate is traced and lowered, its temp bytes and time estimated from its
         residual bytes and its lowered program's cost, and the ones estimated fastest
-        within the limit compile (two at a time) until two fit. Experimental: its temp
-        estimate (see ``docs/planner.md``) is too rough to keep today's choices.
+        within the limit compile (two at a time) until two fit (``remat plan --finalists``;
+        experimental, see ``docs/planner.md``).
 
     Returns:
       A :class:`Plan`; ``plan.apply(step_fn)`` runs the step the planned way.
