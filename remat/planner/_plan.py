@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from remat._core.residuals import format_bytes
 from remat.planner._candidate import PlanCandidate
 from remat.planner.steering import apply_policies
 
@@ -71,19 +72,18 @@ class Plan:
     def why(self) -> list[str]:
         """What the alternatives would have cost: the runner-up's time, the nearest faster
         candidate's bytes over the limit."""
-        mib, lines = 2**20, []
+        lines: list[str] = []
         if self.chosen is None:
             return lines
         up = self.runner_up
         if up is not None:
             chosen_ms, up_ms = self.chosen.speed_ms(), up.speed_ms()
             kind = "measured" if up.measured_ms is not None else "predicted"
-            lines.append(f"runner-up: {up.label} ({up.temp_bytes / mib:.1f} MiB), "
+            lines.append(f"runner-up: {up.label} ({format_bytes(up.temp_bytes)}), "
                          f"{100 * (up_ms / chosen_ms - 1):+.1f}% step time ({kind} {up_ms:.2f} ms)")
         over = self.faster_over_limit
         if over is not None:
-            over_mib = (over.temp_bytes - self.limit_bytes) / mib
-            lines.append(f"faster but over the limit: {over.label}, {over_mib:.2f} MiB "
+            lines.append(f"faster but over the limit: {over.label}, {format_bytes(over.temp_bytes - self.limit_bytes)} "
                          f"over ({100 * (over.predicted_ms / self.chosen.predicted_ms - 1):+.1f}% predicted time)")
         return lines
 
