@@ -25,7 +25,7 @@ JAX_VARIANTS: tuple[str, ...] = (
     # step's inputs; its blocks inside not checkpointed, or each checkpointed too (nested)
     "whole", "whole_nested",
 )
-#: ``plan_F``: the step as ``remat.plan(..., budget=F)`` plans it (the frontier run only:
+#: ``plan_F``: the step as ``remat.plan(..., memory_budget=F)`` plans it (the frontier run only:
 #: planning compiles dozens of candidates)
 PLAN_BUDGETS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 PLAN_VARIANTS: tuple[str, ...] = tuple(f"plan_{b}" for b in PLAN_BUDGETS)

@@ -4,7 +4,7 @@ The per-block variants (``no_checkpoint``, ``nothing``, ``dots``, ``dots_no_batc
 ``budget_F``) are the NNX model of :mod:`remat.models` built with the variant's
 :class:`remat.models.RematSettings`: its own forward, its own ``remat.checkpoint`` per
 block. ``whole`` and ``whole_nested`` checkpoint the whole loss once more. ``plan_F`` is
-the step as :func:`remat.plan` plans it at ``budget=F`` (its blocks checkpointed as the
+the step as :func:`remat.plan` plans it at ``memory_budget=F`` (its blocks checkpointed as the
 plan says); its ``compile_s`` is the whole planning time. The stack variants (``scan``,
 ``scan_nested``, ``sequential``) run the same model with its block stack
 (``model.blocks``) replaced by one call that runs the model's own block:
@@ -164,7 +164,7 @@ def jax_program(built: Built, variant: str) -> JaxProgram:
         from remat.planner import plan
 
         t0 = time.perf_counter()
-        p = plan(loss, params, x, y, budget=float(variant.removeprefix("plan_")), repeat=PLAN_REPEAT,
+        p = plan(loss, params, x, y, memory_budget=float(variant.removeprefix("plan_")), repeat=PLAN_REPEAT,
                  cache=built.plan_cache)
         if p.chosen is None:
             raise PlanInfeasible(f"{variant}: the budget cannot be met (minimum {p.minimum_bytes} temp bytes, "

@@ -1,9 +1,16 @@
-"""Checks ``remat.plan`` against every fixed named policy, for the budget issue's criteria.
+"""Checks ``remat.plan`` against every fixed named policy, and its monotonicity in the budget.
 
 ``python -m benchmarks.plans [--quick] [--out DIR]`` plans the MLP and the transformer of
 ``models/`` at 8 and 16 blocks for budgets 0.25, 0.5 and 0.75 of the un-checkpointed
 step's compiled temp memory, then re-times the plan (twice --repeat rounds) beside the fastest fixed named policy
 that fits (interleaved rounds, medians) and writes ``plans.json`` and ``plans.md``.
+
+``--sweep`` instead plans the 8-block MLP and transformer at every budget from 1 down to
+0 in steps of 0.05 (one shared cache, so every budget weighs the same compiled
+candidates; chosen by predicted time, which is deterministic), then times the distinct
+chosen programs side by side (--repeat interleaved rounds) and writes ``sweep.json``
+and ``sweep.md``: each budget's plan, temp bytes, predicted and measured time, and the
+rounds' spread (the timing noise the monotonicity is judged against).
 """
 from __future__ import annotations
 
@@ -29,11 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="8 blocks only")
     parser.add_argument("--out", default="bench-out")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--sweep", action="store_true", help="budgets 1 to 0 by 0.05, 8 blocks")
     parser.add_argument("--keep-freed-memory", action="store_true",
                         help="remat.keep_freed_memory() first: glibc keeps freed heap for reuse")
     args = parser.parse_args(argv)
     if args.keep_freed_memory and not remat.keep_freed_memory():
         parser.error("--keep-freed-memory needs glibc")
+    if args.sweep:
+        return sweep(args.out, args.repeat)
     from remat.analysis import time_programs
     from remat.planner import plan
 
@@ -45,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             cache: dict = {}
             for budget in (0.25, 0.5, 0.75):
                 t0 = time.perf_counter()
-                p = plan(loss, *step_args, budget=budget, repeat=args.repeat, cache=cache)
+                p = plan(loss, *step_args, memory_budget=budget, repeat=args.repeat, cache=cache)
                 row = {"model": model, "depth": depth, "budget": budget, "feasible": p.feasible,
                        "keep_freed_memory": args.keep_freed_memory,
                        "limit_bytes": p.limit_bytes, "none_temp_bytes": p.none_temp_bytes,
@@ -94,6 +104,53 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.get('best_fixed', '-')} | {r.get('best_fixed_ms', float('nan')):.1f} | "
             f"{r.get('ratio_to_best_fixed', float('nan')):.2f} | {r.get('ratio_to_nothing', float('nan')):.2f} |")
     with open(os.path.join(args.out, "plans.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def sweep(out: str, repeat: int) -> int:
+    """Budgets 1, 0.95, ..., 0 on the 8-block MLP and transformer: the plans' temp bytes and times."""
+    import statistics
+
+    from remat.analysis import time_programs
+    from remat.planner import plan
+
+    rows = []
+    for model in ("mlp", "transformer"):
+        loss, step_args = _task(model, 8)
+        cache: dict = {}
+        plans = []
+        for i in range(20, -1, -1):
+            budget = round(0.05 * i, 2)
+            plans.append((budget, plan(loss, *step_args, memory_budget=budget, measure=False, cache=cache)))
+        chosen = {p.chosen.program: p.chosen.compiled for _, p in plans if p.chosen is not None}
+        timings = time_programs([functools.partial(c, *step_args) for c in chosen.values()], rounds=repeat)
+        medians = dict(zip(chosen, timings.medians_ms()))
+        # the noise: each program's rounds, their spread around the median
+        spread = {k: (max(ts) - min(ts)) / statistics.median(ts) for k, ts in zip(chosen, timings.samples_s)}
+        for budget, p in plans:
+            c = p.chosen
+            rows.append({"model": model, "depth": 8, "budget": budget, "feasible": p.feasible,
+                         "plan": c.label if c else None, "temp_bytes": c.temp_bytes if c else None,
+                         "limit_bytes": p.limit_bytes, "predicted_ms": c.predicted_ms if c else None,
+                         "measured_ms": medians[c.program] if c else None,
+                         "spread": spread[c.program] if c else None})
+            print(json.dumps(rows[-1]), file=sys.stderr)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "sweep.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    lines = ["| model | budget | plan | temp MiB (limit) | predicted ms | measured ms | rounds' spread |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if not r["feasible"]:
+            limit = r["limit_bytes"] / 2**20
+            lines.append(f"| {r['model']} | {r['budget']} | cannot be met | - ({limit:.2f}) | - | - | - |")
+            continue
+        lines.append(f"| {r['model']} | {r['budget']} | {r['plan']} | {r['temp_bytes'] / 2**20:.2f} "
+                     f"({r['limit_bytes'] / 2**20:.2f}) | {r['predicted_ms']:.2f} | {r['measured_ms']:.2f} "
+                     f"| {100 * r['spread']:.0f}% |")
+    with open(os.path.join(out, "sweep.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -25,7 +25,7 @@ def measure(model: str, depth: int, sizes: str = "quick") -> dict[str, dict[str,
 
     built = build(model, depth, SIZES[sizes])
     loss, params = jax_loss(built, "scan")
-    p = plan(loss, params, *jax_inputs(built), budget=1.0, measure=False, early_reject=False)
+    p = plan(loss, params, *jax_inputs(built), memory_budget=1.0, measure=False, early_reject=False)
     table: dict[str, dict[str, float]] = {}
     for c in p.candidates:  # labels such as "scan: nothing, binomial(levels=1) (6, 5, 4, 1)"
         if c.label.startswith("scan: ") and c.temp_bytes is not None:

@@ -10,7 +10,7 @@ The public surface::
     remat.ops                                        # LayerNorm, GELU, ... keeping PyTorch's saved set
     remat.residual_budget(0.5)                       # per region: keep at most half its residual bytes
     remat.analysis                                   # residuals, compiled memory, RSS, comparisons
-    remat.plan(loss, *args, budget=0.5)              # the fastest checkpointing that fits a budget
+    remat.plan(loss, *args, memory_budget=0.5)              # the fastest checkpointing that fits a budget
     remat.explain(jax.grad(loss), *args)             # every byte at the compiled peak, attributed
     remat.keep_freed_memory()                        # glibc keeps XLA:CPU's freed buffers for reuse
 

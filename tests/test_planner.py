@@ -45,7 +45,7 @@ def test_apply_policies_keeps_gradients():
 
 @pytest.mark.slow
 def test_plan_fits_or_says_why_and_gradients_match():
-    p = plan(loss, WS, X, budget=1.0, repeat=2, budget_fractions=(0.5,))
+    p = plan(loss, WS, X, memory_budget=1.0, repeat=2, budget_fractions=(0.5,))
     assert p.feasible and p.chosen.temp_bytes <= p.limit_bytes
     assert p.chosen.measured_ms == min(c.measured_ms for c in p.candidates if c.fits)
     labels = {c.label for c in p.candidates}
@@ -61,7 +61,7 @@ def test_plan_fits_or_says_why_and_gradients_match():
     assert all(c.predicted_ms > 0 for c in p.candidates)
     # the timed executables are the compiled candidates themselves (no second compile)
     assert all(c.compiled is not None for c in p.candidates)
-    tiny = plan(loss, WS, X, budget=1e-6, measure=False, budget_fractions=())
+    tiny = plan(loss, WS, X, memory_budget=1e-6, measure=False, budget_fractions=())
     assert not tiny.feasible and tiny.chosen is None
     assert tiny.minimum_bytes == min(c.temp_bytes for c in tiny.candidates)
     with pytest.raises(ValueError, match="cannot be met"):
@@ -72,12 +72,12 @@ def test_plan_fits_or_says_why_and_gradients_match():
 @pytest.mark.parametrize("bad", [-0.1, 1.5, True])
 def test_plan_rejects_bad_budgets(bad):
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        plan(loss, WS, X, budget=bad)
+        plan(loss, WS, X, memory_budget=bad)
 
 
 def test_plan_needs_a_checkpointed_region():
     with pytest.raises(ValueError, match="no remat.checkpoint region"):
-        plan(lambda x: (x**2).sum(), X, budget=0.5)
+        plan(lambda x: (x**2).sum(), X, memory_budget=0.5)
 
 
 def test_plan_cli_json_and_bad_budget(capsys):
@@ -116,7 +116,7 @@ def test_plan_chooses_the_scan_policy_and_segment_length():
 
     step, params, x = _scan_step()
     assert scan_depths(step, params, x) == [8] and count_regions(step, params, x) == 0
-    p = plan(step, params, x, budget=0.6, measure=False)
+    p = plan(step, params, x, memory_budget=0.6, measure=False)
     labels = {c.label for c in p.candidates}
     for policy in ("nothing", "dots_no_batch", "dots"):
         assert {f"scan: {policy}, flat", f"scan: {policy}, 2 groups", f"scan: {policy}, 4 groups"} <= labels
@@ -151,7 +151,7 @@ def test_plan_tries_the_checkpoint_names_the_step_tags():
     from remat.analysis import checkpoint_names
 
     assert checkpoint_names(tagged_loss, WS, X) == ["hidden", "out"]
-    p = plan(tagged_loss, WS, X, budget=1.0, repeat=1, budget_fractions=())
+    p = plan(tagged_loss, WS, X, memory_budget=1.0, repeat=1, budget_fractions=())
     by_label = {c.label: c for c in p.candidates}
     both, hidden = by_label["all: names:hidden,out"], by_label["all: names:hidden"]
     assert "all: names:out" in by_label
@@ -186,7 +186,7 @@ def test_plan_re_decides_checkpoint_sequential_segments():
     loss, ws, x = _sequential_step()
     survey = _survey(loss, ws, x)
     assert survey.sequential_lengths == [8] and survey.regions == 1  # segments=2: one chunk
-    p = plan(loss, ws, x, budget=1.0, repeat=1, budget_fractions=(), policies=("nothing",))
+    p = plan(loss, ws, x, memory_budget=1.0, repeat=1, budget_fractions=(), policies=("nothing",))
     by_label = {c.label: c for c in p.candidates}
     assert {"sequential: 2 segments", "sequential: 3 segments", "sequential: 4 segments",
             "sequential: 8 segments"} <= set(by_label)
@@ -207,7 +207,7 @@ def test_plan_re_decides_checkpoint_sequential_segments():
 
 @pytest.mark.slow
 def test_equal_programs_are_timed_once_and_share_their_time():
-    p = plan(loss, WS, X, budget=1.0, repeat=2, budget_fractions=(), policies=("nothing", "dots"))
+    p = plan(loss, WS, X, memory_budget=1.0, repeat=2, budget_fractions=(), policies=("nothing", "dots"))
     by_label = {c.label: c for c in p.candidates}
     # remat.checkpoint's default policy is "nothing": the same program, spelled twice
     written, nothing, dots = by_label["as written"], by_label["all: nothing"], by_label["all: dots"]
@@ -223,7 +223,7 @@ def test_plan_weighs_binomial_scan_schedules():
     from remat.scan import binomial_schedule
 
     step, params, x = _scan_step()
-    p = plan(step, params, x, budget=1.0, measure=False, policies=("nothing",))
+    p = plan(step, params, x, memory_budget=1.0, measure=False, policies=("nothing",))
     by_label = {c.label: c for c in p.candidates}
     for levels in (1, 2):
         c = by_label[f"scan: nothing, binomial(levels={levels}) {binomial_schedule(8, levels)}"]
@@ -243,7 +243,7 @@ def test_plan_weighs_binomial_scan_schedules():
 
 
 def test_budget_zero_is_the_leanest_plan_and_whole_step_keeps_only_inputs():
-    p = plan(loss, WS, X, budget=0, measure=False, policies=("nothing",), budget_fractions=())
+    p = plan(loss, WS, X, memory_budget=0, measure=False, policies=("nothing",), budget_fractions=())
     by = {c.label: c for c in p.candidates}
     nothing, none = by["all: nothing"], by["no checkpoint"]
     whole_plain = by["whole step: nothing, regions no_checkpoint"]
@@ -254,21 +254,23 @@ def test_budget_zero_is_the_leanest_plan_and_whole_step_keeps_only_inputs():
     # nested inside it, the regions still bound the temp memory; without them it is none's
     assert whole_nested.temp_bytes <= 1.01 * nothing.temp_bytes
     assert whole_plain.temp_bytes > nothing.temp_bytes
-    # budget 0: the least temp memory found, then the fewest residual bytes
-    assert p.feasible and p.chosen.temp_bytes == pytest.approx(min(c.temp_bytes for c in p.candidates), rel=0.01)
+    # budget 0: the candidates within 1% of the least temp memory found, then the fastest
+    assert p.feasible and p.chosen.temp_bytes == pytest.approx(p.minimum_bytes, rel=0.01)
     assert p.chosen.temp_bytes <= 1.01 * nothing.temp_bytes
-    assert p.chosen.residual_bytes <= nothing.residual_bytes
-    assert p.chosen.label == whole_nested.label
+    leanest = [c for c in p.candidates if c.fits]
+    assert whole_nested.label in {c.label for c in leanest} and len(leanest) < len(p.candidates)
+    assert p.chosen.predicted_ms == min(c.predicted_ms for c in leanest)
+    # the whole step checkpointed recomputes the forward once more: slower than the regions alone
+    assert p.chosen.predicted_ms < whole_nested.predicted_ms
     g = jax.grad(lambda ws: p.apply(loss)(ws, X))(WS)
     g0 = jax.grad(lambda ws: loss(ws, X))(WS)
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g0)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
-    assert saved_residuals(p.apply(loss), WS, X).residual_bytes == 0
 
 
 @pytest.mark.slow
 def test_equal_lowerings_compile_once_and_early_rejection_changes_no_plan():
-    full = plan(loss, WS, X, budget=0.4, measure=False, budget_fractions=(0.5,), early_reject=False)
+    full = plan(loss, WS, X, memory_budget=0.4, measure=False, budget_fractions=(0.5,), early_reject=False)
     by = {c.label: c for c in full.candidates}
     # written with remat.checkpoint's default policy: "as written" is "all: nothing", compiled once
     assert by["as written"].lowered == by["all: nothing"].lowered
@@ -278,9 +280,11 @@ def test_equal_lowerings_compile_once_and_early_rejection_changes_no_plan():
     none = by["no checkpoint"]
     folded = min(1.0, none.temp_bytes / none.residual_bytes)
     assert all(c.temp_bytes >= folded * c.residual_bytes for c in full.candidates)
-    lean = plan(loss, WS, X, budget=0.4, measure=False, budget_fractions=(0.5,))
+    lean = plan(loss, WS, X, memory_budget=0.4, measure=False, budget_fractions=(0.5,))
     rejected = [c for c in lean.candidates if c.compiled is None]
     assert rejected and all(not c.fits and c.temp_bytes is None for c in rejected)
-    assert all(not by[c.label].fits for c in rejected)
+    assert all(not by[c.label].fits for c in rejected if c.label in by)
+    # the mixed assignments are sized from what compiled, so early rejection may propose others
+    assert all(c.label.startswith("first ") for c in rejected if c.label not in by)
     assert lean.chosen.label == full.chosen.label and lean.chosen.temp_bytes <= lean.limit_bytes
     assert "-" in str(lean)

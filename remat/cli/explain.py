@@ -167,7 +167,7 @@ def _explain(args: argparse.Namespace) -> tuple[Any, str]:
     if args.plan is not None:
         from remat.planner import plan
 
-        result = plan(loss, *step_args, budget=args.plan, repeat=3)
+        result = plan(loss, *step_args, memory_budget=args.plan, repeat=3)
         if result.chosen is None:
             raise UsageError(f"--plan {args.plan}: no plan fits; the minimum found is "
                              f"{result.minimum_bytes / result.none_temp_bytes:.2f} of no checkpoint")

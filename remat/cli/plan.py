@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import time
+import sys
 from typing import Any
 
 from remat.cli._common import (
@@ -25,7 +25,7 @@ EXAMPLE = "remat plan transformer --budget 0.5 --depth 8"
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL",
                         help="mlp, transformer, cnn, seed-model, seed-mymodel or path/to/file.py:factory")
-    parser.add_argument("--memory-budget", "--budget", dest="budget", type=float, required=True, metavar="F",
+    parser.add_argument("--memory-budget", "--budget", dest="memory_budget", type=float, required=True, metavar="F",
                         help="the whole step's compiled temp memory allowed, as a fraction in [0, 1] of no "
                              "checkpoint; 0: the leanest plan found (--budget is the shorter spelling)")
     parser.add_argument("--depth", type=int, default=None, help="number of blocks (built-in models)")
@@ -34,33 +34,37 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=None, help="transformer context length")
     parser.add_argument("--repeat", type=int, default=5, help="timed steps per fitting candidate (median)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--finalists", action="store_true",
+                        help="compile only the candidates estimated fastest within the budget (experimental; "
+                             "default: compile every candidate)")
     add_checkpoint_flags(parser, every_aliases=("--every",))
     add_keep_freed_memory_flag(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
-    if not 0 <= args.budget <= 1:
-        raise UsageError(f"--budget {args.budget}: use a fraction in [0, 1] (0: the leanest plan), "
+    if not 0 <= args.memory_budget <= 1:
+        raise UsageError(f"--budget {args.memory_budget}: use a fraction in [0, 1] (0: the leanest plan), "
                          "e.g. --budget 0.5")
     if args.repeat < 1:
         raise UsageError("--repeat must be at least 1")
     validate_checkpoint_flags(args)
     apply_keep_freed_memory_flag(args)  # before JAX starts its threads
     from remat.models.tasks import pure_step_loss
-    from remat.planner import plan
+    from remat.planner import plan, region_choices
 
     # every block checkpointed (policy "nothing"); the planner re-decides each region
-    budget = args.budget
+    budget = args.memory_budget
     task = build_task(args)
     loss, step_args = pure_step_loss(task)
-    started = time.perf_counter()
-    result = plan(loss, *step_args, budget=budget, repeat=args.repeat)
-    plan_s = time.perf_counter() - started
+    result = plan(loss, *step_args, memory_budget=budget, repeat=args.repeat, exhaustive=not args.finalists,
+                  progress=lambda line: print(line, file=sys.stderr, flush=True))
+    plan_s = result.plan_s
     modules = _module_choices(loss, step_args, result.chosen) if args.checkpoint else []
     if args.json:
-        print_json({"model": task.name, "checkpoint": args.checkpoint, "plan_s": round(plan_s, 1),
-                    "modules": [{"path": p, "policy": s} for p, s in modules], **result.to_dict()})
+        print_json({"model": task.name, "checkpoint": args.checkpoint,
+                    "modules": [{"path": p, "policy": s} for p, s in modules],
+                    "regions": region_choices(result, loss, *step_args), **result.to_dict()})
     else:
         mib = 2**20
         rows = [[("-> " if result.chosen and c.label == result.chosen.label else "   ") + c.label,
@@ -81,8 +85,12 @@ def run(args: argparse.Namespace) -> int:
                   f"{result.chosen.measured_ms:.2f} ms per step)")
             if modules:
                 print("per module: " + ", ".join(f"{p} {s}" for p, s in modules))
+            for line in result.why():
+                print(line)
         compiled = sum(c.compiled is not None for c in result.candidates)
-        print(f"planned in {plan_s:.1f} s: {len(result.candidates)} candidates, {compiled} compiled, "
+        one = f" ({plan_s / result.compile_s:.1f}x one compile of the un-checkpointed step, " \
+              f"{result.compile_s:.1f} s)" if result.compile_s else ""
+        print(f"planned in {plan_s:.1f} s{one}: {len(result.candidates)} candidates, {compiled} compiled, "
               f"{len({c.program for c in result.candidates if c.program})} distinct programs")
     return EXIT_OK if result.feasible else EXIT_CHECK_FAILED
 

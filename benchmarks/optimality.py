@@ -1,0 +1,164 @@
+"""How far ``remat.plan`` is from the best per-region assignment: an exhaustive oracle.
+
+``python -m benchmarks.optimality [--quick] [--out DIR]`` builds the MLP, the transformer
+and the CNN of ``models/`` at depth 4 (``--quick``) or 4 and 5 (the CNN at 3, the most
+its 8x8 images allow), compiles every per-region
+assignment over ``{no_checkpoint, nothing, dots_no_batch, dots}`` (4**depth programs) and
+the whole step checkpointed around each uniform assignment, keeps the compiled temp bytes
+of each, then plans the step at budgets 0, 0.25, 0.5 and 0.75. The plans' programs and
+every oracle program that fits the largest budget (or is among the leanest, for budget 0)
+are timed side by side in one interleaved run (medians), so the plan's time and the
+oracle's fastest fitting time are measured in the same rounds. Budget 0 is the leanest:
+the oracle's set is the assignments within 1% of its least temp memory.
+
+Writes ``DIR/optimality.json``: one row per (model, depth, budget) with ``model``,
+``depth``, ``budget``, ``plan_ms``, ``oracle_ms``, ``ratio`` (plan / oracle),
+``plan_temp_bytes``, ``oracle_min_temp_bytes``, ``limit_bytes`` and what was chosen.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import os
+import sys
+import time
+
+SIZES = {"mlp": dict(width=128, batch_size=512), "transformer": dict(width=64, batch_size=8, seq_len=64),
+         "cnn": dict(batch_size=16)}
+OPTIONS = ("no_checkpoint", "nothing", "dots_no_batch", "dots")
+BUDGETS = (0.0, 0.25, 0.5, 0.75)
+
+
+def _task(model: str, depth: int):
+    from remat.models.tasks import make_task, pure_step_loss
+
+    return pure_step_loss(make_task(model, depth=depth, seed=0, **SIZES[model]))
+
+
+def _assignments(n: int) -> list[tuple[str, tuple[str, ...], bool]]:
+    """Every per-region assignment, then the whole step checkpointed around each uniform one."""
+    out = [(", ".join(a), a, False) for a in itertools.product(OPTIONS, repeat=n)]
+    out += [(f"whole step around all {o}", (o,) * n, True) for o in OPTIONS]
+    return out
+
+
+def _compile_oracle(loss, step_args, n: int, log) -> list[dict]:
+    """Compiles every assignment once per distinct lowering; returns label, temp bytes, program."""
+    from remat.analysis.compiled import CompiledMemory
+    from remat.planner import apply_policies, compile_all, lower_step, lowered_fingerprint, program_fingerprint
+
+    rows, compiled_by_key, pending = [], {}, []
+    todo = _assignments(n)
+    for i, (label, specs, whole) in enumerate(todo):
+        lowered = lower_step(apply_policies(loss, specs, whole_step=whole), step_args)
+        key = lowered_fingerprint(lowered)
+        rows.append({"label": label, "whole_step": whole, "key": key})
+        if key not in compiled_by_key:
+            compiled_by_key[key] = None
+            pending.append((key, lowered))
+        if len(pending) >= 8 or i == len(todo) - 1:
+            for (k, _), c in zip(pending, compile_all([low for _, low in pending])):
+                compiled_by_key[k] = c
+            pending = []
+            log(f"oracle: {i + 1}/{len(todo)} assignments lowered, {len(compiled_by_key)} distinct compiled")
+    for r in rows:
+        c = compiled_by_key[r["key"]]
+        r.update(temp_bytes=CompiledMemory.from_compiled(c).temp_bytes, program=program_fingerprint(c), compiled=c)
+    return rows
+
+
+def run_one(model: str, depth: int, repeat: int, log) -> list[dict]:
+    """The rows of one model and depth: the plan at every budget beside the oracle."""
+    from remat.analysis import time_programs
+    from remat.planner import count_regions, plan
+
+    loss, step_args = _task(model, depth)
+    n = count_regions(loss, *step_args)
+    t0 = time.perf_counter()
+    oracle = _compile_oracle(loss, step_args, n, log)
+    oracle_s = time.perf_counter() - t0
+    none_temp = next(r["temp_bytes"] for r in oracle if r["label"] == ", ".join(["no_checkpoint"] * n))
+    least = min(r["temp_bytes"] for r in oracle)
+    cache: dict = {}
+    plans = {}
+    for budget in BUDGETS:
+        t0 = time.perf_counter()
+        plans[budget] = (plan(loss, *step_args, memory_budget=budget, repeat=repeat, cache=cache),
+                         time.perf_counter() - t0)
+        log(f"{model} {depth}: budget {budget}: {plans[budget][0].chosen.label if plans[budget][0].chosen else '-'}")
+    # one interleaved timing run: every oracle program that fits the largest budget or is
+    # among the leanest, and every plan's program (one program is timed once)
+    top = max(BUDGETS) * none_temp
+    timed = {r["program"]: r["compiled"] for r in oracle if r["temp_bytes"] <= top or r["temp_bytes"] <= 1.01 * least}
+    for p, _ in plans.values():
+        if p.chosen is not None:
+            timed.setdefault(p.chosen.program, p.chosen.compiled)
+    log(f"{model} {depth}: timing {len(timed)} programs side by side, {repeat} rounds")
+    medians = time_programs([functools.partial(c, *step_args) for c in timed.values()], rounds=repeat).medians_ms()
+    ms = dict(zip(timed, medians))
+    out = []
+    for budget, (p, plan_s) in plans.items():
+        limit = int(1.01 * least) if budget == 0 else int(budget * none_temp)
+        fitting = [r for r in oracle if r["temp_bytes"] <= limit]
+        best = min(fitting, key=lambda r: ms[r["program"]]) if fitting else None
+        row = {"model": model, "depth": depth, "regions": n, "budget": budget, "limit_bytes": limit,
+               "none_temp_bytes": none_temp, "oracle_min_temp_bytes": least, "oracle_fitting": len(fitting),
+               "oracle_assignments": len(oracle), "oracle_compile_s": round(oracle_s, 1),
+               "plan_s": round(plan_s, 1), "plan": p.chosen.label if p.chosen else None,
+               "plan_temp_bytes": p.chosen.temp_bytes if p.chosen else None,
+               "plan_fits": p.chosen is not None and p.chosen.temp_bytes <= limit,
+               "plan_ms": ms[p.chosen.program] if p.chosen else None,
+               "oracle": best["label"] if best else None, "oracle_ms": ms[best["program"]] if best else None,
+               "oracle_temp_bytes": best["temp_bytes"] if best else None,
+               # the five fastest fitting assignments, to see how far apart the leaders are
+               "oracle_fastest": sorted(((ms[r["program"]], r["label"]) for r in fitting))[:5]}
+        row["ratio"] = row["plan_ms"] / row["oracle_ms"] if best and p.chosen else None
+        out.append(row)
+        log(json.dumps(row))
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    mib = 2**20
+    lines = ["| model | depth | budget | plan | plan ms | oracle's fastest fitting | oracle ms | ratio "
+             "| plan temp MiB (limit) | oracle min MiB |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        plan_cell = r["plan"] or "cannot be met"
+        ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
+        lines.append(
+            f"| {r['model']} | {r['depth']} | {r['budget']} | {plan_cell} | "
+            f"{r['plan_ms'] or float('nan'):.2f} | {r['oracle'] or '-'} | {r['oracle_ms'] or float('nan'):.2f} | "
+            f"{ratio} | {(r['plan_temp_bytes'] or 0) / mib:.2f} ({r['limit_bytes'] / mib:.2f}) | "
+            f"{r['oracle_min_temp_bytes'] / mib:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.optimality", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="depth 4 only")
+    parser.add_argument("--models", default="mlp,transformer,cnn")
+    parser.add_argument("--out", default="bench-out")
+    parser.add_argument("--repeat", type=int, default=7, help="interleaved timing rounds (medians)")
+    args = parser.parse_args(argv)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    rows = []
+    for model in args.models.split(","):
+        # the CNN pools 2x per block: its 8x8 images allow at most 3 blocks
+        for depth in ((3,) if model == "cnn" else (4,) if args.quick else (4, 5)):
+            rows += run_one(model, depth, args.repeat, log)
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "optimality.json"), "w") as f:
+                json.dump(rows, f, indent=1)
+    with open(os.path.join(args.out, "optimality.md"), "w") as f:
+        f.write(markdown(rows))
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""One candidate plan: a choice for every region, scan and sequential, and what its compile showed."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+from remat.planner.programs import _spec_label
+from remat.planner.steering import Binomial
+
+
+class CandidateSpec(NamedTuple):
+    """What a candidate changes in the step (the arguments of :func:`apply_policies`)."""
+
+    label: str
+    policies: tuple[Any, ...]
+    scan: tuple[Any, Any] | None = None
+    sequential: int | None = None
+    whole_step: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanCandidate:
+    """One way to run the step: a label and a policy (or ``NONE``) for each region.
+
+    Attributes:
+      label: how the plan names it, e.g. ``"all: dots"`` or ``"first 3: nothing, rest dots"``.
+      policies: the policy of each checkpointed region, in trace order (``NONE``: not checkpointed).
+      temp_bytes: the compiled step's temp memory (None: not compiled, predicted not to fit).
+      predicted_ms: the step time XLA's cost analysis predicts at this machine's rates.
+      measured_ms: the median measured step time (None: not timed).
+      fits: whether ``temp_bytes`` is within the plan's limit.
+      scan: every scan over layers' ``(policy, groups)``; None: as written.
+      sequential: the segment count of every ``checkpoint_sequential``; None: as written.
+      program: a fingerprint of the optimized HLO; equal programs are timed once.
+      lowered: a fingerprint of the lowered program; equal ones are compiled once.
+      compiled: the compiled ``jit(grad(step))``, timed without a second compile.
+      whole_step: the whole step checkpointed once more around its regions.
+      residual_bytes: bytes the backward keeps besides the step's inputs.
+      compile_s: seconds its program took to compile, when it compiled alone (None: with others).
+      estimated_temp_bytes, estimated_ms: predicted before compiling, from its residual bytes
+        and its lowered program's cost (None: not estimated).
+      estimated_cost: the lowered program's ``(flops, bytes accessed)``.
+    """
+
+    label: str
+    policies: tuple[Any, ...]
+    temp_bytes: int | None = None
+    predicted_ms: float | None = None
+    measured_ms: float | None = None
+    fits: bool | None = None
+    scan: tuple[Any, Any] | None = None
+    sequential: int | None = None
+    program: str | None = None
+    lowered: str | None = None
+    compiled: Any = dataclasses.field(default=None, repr=False, compare=False)
+    whole_step: bool = False
+    residual_bytes: int | None = None
+    compile_s: float | None = None
+    estimated_temp_bytes: int | None = None
+    estimated_ms: float | None = None
+    estimated_cost: tuple[float, float] | None = None
+
+    @property
+    def spec(self) -> CandidateSpec:
+        return CandidateSpec(self.label, self.policies, self.scan, self.sequential, self.whole_step)
+
+    def fits_in(self, limit: float) -> bool:
+        """Compiled, and its temp memory at most ``limit`` bytes."""
+        return self.temp_bytes is not None and self.temp_bytes <= limit
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "policies": [_spec_label(p) for p in self.policies],
+                "scan": None if self.scan is None else {
+                    "policy": _spec_label(self.scan[0]),
+                    "groups": str(self.scan[1]) if isinstance(self.scan[1], Binomial) else self.scan[1]},
+                "sequential_segments": self.sequential, "whole_step": self.whole_step,
+                "residual_bytes": self.residual_bytes, "temp_bytes": self.temp_bytes, "predicted_ms": self.predicted_ms,
+                "measured_ms": self.measured_ms, "fits": self.fits, "program": self.program,
+                "estimated_temp_bytes": self.estimated_temp_bytes, "estimated_ms": self.estimated_ms}
+
+    def speed_ms(self) -> float | None:
+        """The measured time, else the predicted one."""
+        return self.measured_ms if self.measured_ms is not None else self.predicted_ms

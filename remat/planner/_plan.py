@@ -1,0 +1,122 @@
+"""The planner's answer: the chosen candidate, every candidate weighed, and why."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+from remat._core.residuals import format_bytes
+from remat.planner._candidate import PlanCandidate
+from remat.planner.steering import apply_policies
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What :func:`remat.plan` found.
+
+    Attributes:
+      memory_budget: the budget asked for, a fraction of ``none_temp_bytes``.
+      limit_bytes: the most compiled temp memory allowed.
+      none_temp_bytes: the un-checkpointed step's compiled temp memory.
+      num_regions: the checkpointed regions one trace of the step goes through.
+      feasible: whether a candidate fits.
+      chosen: the plan (None when nothing fits).
+      candidates: every candidate weighed.
+      minimum_bytes: the least temp memory any compiled candidate reached.
+      plan_s: seconds the planning took.
+      compile_s: seconds one compile of the un-checkpointed step took in the same run
+        (None: it came compiled from the cache).
+    """
+
+    memory_budget: float
+    limit_bytes: int
+    none_temp_bytes: int
+    num_regions: int
+    feasible: bool
+    chosen: PlanCandidate | None
+    candidates: tuple[PlanCandidate, ...]
+    minimum_bytes: int
+    plan_s: float | None = None
+    compile_s: float | None = None
+
+    def apply(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``step_fn`` with the plan's choice for every checkpointed region (at trace time)."""
+        if self.chosen is None:
+            raise ValueError(
+                f"the memory budget {self.memory_budget} cannot be met: the smallest compiled temp memory "
+                f"found is {self.minimum_bytes} bytes ({self.minimum_bytes / self.none_temp_bytes:.2f} "
+                "of no checkpoint); raise the budget or use remat.scan"
+            )
+        return apply_policies(step_fn, self.chosen.policies, scan=self.chosen.scan,
+                              sequential=self.chosen.sequential, whole_step=self.chosen.whole_step)
+
+    @property
+    def runner_up(self) -> PlanCandidate | None:
+        """The next best fitting candidate: the fastest whose program is not the chosen one's."""
+        if self.chosen is None:
+            return None
+        others = [c for c in self.candidates if c.fits and c.program != self.chosen.program]
+        return min(others, key=PlanCandidate.speed_ms, default=None)
+
+    @property
+    def faster_over_limit(self) -> PlanCandidate | None:
+        """The compiled candidate predicted faster than the chosen one that misses the limit
+        by the fewest bytes: what a little more memory would buy."""
+        if self.chosen is None:
+            return None
+        faster = [c for c in self.candidates if c.temp_bytes is not None and not c.fits
+                  and c.predicted_ms < self.chosen.predicted_ms]
+        return min(faster, key=lambda c: c.temp_bytes, default=None)
+
+    def why(self) -> list[str]:
+        """What the alternatives would have cost: the runner-up's time, the nearest faster
+        candidate's bytes over the limit."""
+        lines: list[str] = []
+        if self.chosen is None:
+            return lines
+        up = self.runner_up
+        if up is not None:
+            chosen_ms, up_ms = self.chosen.speed_ms(), up.speed_ms()
+            kind = "measured" if up.measured_ms is not None else "predicted"
+            lines.append(f"runner-up: {up.label} ({format_bytes(up.temp_bytes)}), "
+                         f"{100 * (up_ms / chosen_ms - 1):+.1f}% step time ({kind} {up_ms:.2f} ms)")
+        over = self.faster_over_limit
+        if over is not None:
+            lines.append(f"faster but over the limit: {over.label}, {format_bytes(over.temp_bytes - self.limit_bytes)} "
+                         f"over ({100 * (over.predicted_ms / self.chosen.predicted_ms - 1):+.1f}% predicted time)")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"memory_budget": self.memory_budget, "limit_bytes": self.limit_bytes,
+                "none_temp_bytes": self.none_temp_bytes, "num_regions": self.num_regions,
+                "feasible": self.feasible, "minimum_bytes": self.minimum_bytes,
+                "plan_s": self.plan_s, "compile_s": self.compile_s,
+                "chosen": self.chosen.to_dict() if self.chosen else None,
+                "runner_up": self.runner_up.to_dict() if self.runner_up else None,
+                "faster_over_limit": self.faster_over_limit.to_dict() if self.faster_over_limit else None,
+                "why": self.why(),
+                "candidates": [c.to_dict() for c in self.candidates]}
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def __str__(self) -> str:
+        mib = 2**20
+        lines = [f"remat plan: memory budget {self.memory_budget} of {self.none_temp_bytes / mib:.1f} MiB "
+                 f"(limit {self.limit_bytes / mib:.1f} MiB), {self.num_regions} checkpointed regions"]
+        if not self.feasible:
+            lines.append(f"  the budget cannot be met: the minimum found is {self.minimum_bytes / mib:.1f} MiB "
+                         f"({self.minimum_bytes / self.none_temp_bytes:.2f} of no checkpoint)")
+        lines.append(f"  {'':2}{'candidate':<42}{'temp MiB':>10}{'of none':>9}{'fits':>6}"
+                     f"{'pred ms':>9}{'meas ms':>9}")
+        for c in self.candidates:
+            mark = "->" if self.chosen is not None and c.label == self.chosen.label else "  "
+            meas = f"{c.measured_ms:9.2f}" if c.measured_ms is not None else f"{'-':>9}"
+            if c.temp_bytes is None:  # rejected before compiling
+                lines.append(f"  {mark}{c.label:<42}{'-':>10}{'-':>9}{'no':>6}{'-':>9}{meas}")
+                continue
+            lines.append(f"  {mark}{c.label:<42}{c.temp_bytes / mib:>10.1f}"
+                         f"{c.temp_bytes / self.none_temp_bytes:>9.2f}{'yes' if c.fits else 'no':>6}"
+                         f"{c.predicted_ms:>9.2f}{meas}")
+        return "\n".join(lines + [f"  {line}" for line in self.why()])

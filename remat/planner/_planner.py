@@ -1,0 +1,147 @@
+"""``remat.plan``: weigh every candidate family, compile what may fit, time what fits, choose."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from remat.analysis.budget import calibrate_once
+from remat.planner._candidate import PlanCandidate
+from remat.planner._families import family_specs, no_checkpoint_spec
+from remat.planner._finalists import finalists
+from remat.planner._mixed import mixed_spec, mixed_specs, uniform_costs
+from remat.planner._plan import Plan
+from remat.planner._search import CandidateSearch
+from remat.planner.programs import time_side_by_side
+from remat.planner.steering import _survey
+from remat.policies import PolicySpec
+
+
+def plan(
+    step_fn: Callable[..., Any],
+    *args: Any,
+    memory_budget: float,
+    argnums: int | Sequence[int] = 0,
+    policies: Sequence[PolicySpec] = ("nothing", "dots_no_batch", "dots"),
+    budget_fractions: Sequence[float] = (0.25, 0.5, 0.75),
+    repeat: int = 5,
+    measure: bool = True,
+    cache: dict[str, PlanCandidate] | None = None,
+    early_reject: bool = True,
+    progress: Callable[[str], None] | None = None,
+    exhaustive: bool = True,
+) -> Plan:
+    """Finds the fastest way to checkpoint ``step_fn`` whose compiled temp memory fits.
+
+    Args:
+      step_fn: a scalar loss ``step_fn(*args)`` whose blocks call :func:`remat.checkpoint`.
+      *args: example arguments (parameters first, or as ``argnums`` says).
+      memory_budget: the most compiled temp memory of ``jit(grad(step_fn))``, as a fraction
+        in [0, 1] of the same step without any checkpoint (the whole step's memory, unlike
+        :func:`remat.residual_budget`'s fraction of one region's residuals); 0 asks for the
+        leanest plan found: the fastest of the candidates within 1% of the least temp memory.
+      argnums: what the gradient is taken with respect to.
+      policies: fixed policies tried on every region.
+      budget_fractions: fractions of :func:`remat.residual_budget` tried on every region.
+      repeat: timed steps per fitting candidate (the median is used).
+      measure: time the fitting candidates (otherwise choose by predicted time; XLA's cost
+        analysis counts a loop body once, so predictions of scan candidates are far too low).
+      cache: a dict to reuse compiled candidates across calls with the same ``step_fn``
+        and argument shapes (e.g. several budgets for one model).
+      early_reject: leave uncompiled the candidates whose residual bytes (one trace) predict
+        a temp memory over the limit; they are listed with no temp bytes, and compiled after
+        all when nothing else fits.
+      progress: called with one line (candidates compiled out of those weighed, the best
+        plan so far) after each batch of compiles; e.g. ``print`` to stderr.
+      exhaustive: compile every candidate (the default). False compiles only finalists:
+        each candidate is traced and lowered, its temp bytes and time estimated from its
+        residual bytes and its lowered program's cost, and the ones estimated fastest
+        within the limit compile (two at a time) until two fit (``remat plan --finalists``;
+        experimental, see ``docs/planner.md``).
+
+    Returns:
+      A :class:`Plan`; ``plan.apply(step_fn)`` runs the step the planned way.
+
+    Example:
+      >>> p = plan(loss, params, x, memory_budget=0.5)            # doctest: +SKIP
+      >>> grads = jax.jit(jax.grad(p.apply(loss)))(params, x)  # doctest: +SKIP
+    """
+    started = time.perf_counter()
+    budget = memory_budget
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget <= 1:
+        raise ValueError("plan(memory_budget=...) must be a fraction in [0, 1] (0: the leanest plan), "
+                         f"got {budget!r}")
+    survey = _survey(step_fn, *args)
+    n = survey.regions
+    if n == 0 and not survey.scan_depths:
+        raise ValueError("plan() found no remat.checkpoint region or remat.scan_layers in step_fn: "
+                         "checkpoint its blocks first")
+    calibrate_once()  # predicted_ms at this machine's FLOP and byte rates, not defaults
+    search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache, early_reject, lean=budget == 0,
+                             progress=progress)
+    none = search.evaluate(no_checkpoint_spec(survey))
+    limit = int(budget * none.temp_bytes)
+    search.calibrate(none, limit)
+    specs = family_specs(survey, policies, budget_fractions)
+    if exhaustive:
+        pool = [none, *search.evaluate_many(specs)]
+        if not survey.scan_depths:
+            # the leanest: mixed within the least temp memory compiled so far (the last
+            # region kept, say, may need no more memory than all rematerialized)
+            pool += _mixed(search, pool, n, limit if budget > 0 else int(1.01 * search.least))
+    else:
+        pool = [none, *finalists(search, specs, n, limit, mixed=budget > 0 and not survey.scan_depths)]
+    if budget == 0:
+        # the leanest: the least temp memory any candidate reached, with 1% of slack so
+        # that programs differing by a few bytes of bookkeeping are all weighed
+        limit = int(1.01 * search.least)
+    pool = list({c.label: c for c in pool}.values())  # a policy listed twice is weighed once
+    if not any(c.fits_in(limit) for c in pool) and any(c.compiled is None for c in pool):
+        # nothing fits: the minimum reported must be the true one, so the rejected compile too
+        search.early_reject = False
+        again = iter(search.evaluate_many([c.spec for c in pool if c.compiled is None]))
+        pool = [c if c.compiled is not None else next(again) for c in pool]
+    pool = [dataclasses.replace(c, fits=c.fits_in(limit)) for c in pool]
+    if measure:
+        pool = _timed(pool, args, repeat)
+    chosen = _choose([c for c in pool if c.fits], measured=measure)
+    return Plan(memory_budget=float(budget), limit_bytes=limit, none_temp_bytes=none.temp_bytes,
+                num_regions=n, feasible=chosen is not None, chosen=chosen, candidates=tuple(pool),
+                minimum_bytes=min(c.temp_bytes for c in pool if c.temp_bytes is not None),
+                plan_s=time.perf_counter() - started, compile_s=none.compile_s)
+
+
+def _mixed(search: CandidateSearch, pool: list[PlanCandidate], n: int, limit: int) -> list[PlanCandidate]:
+    """The mixed assignments (:mod:`remat.planner._mixed`) predicted fastest, compiled to
+    confirm whatever the uniform candidates' predictions (XLA's cost analysis misjudged the
+    benchmark's transformer by 30%, see docs/benchmarks.md); then, for each, one region
+    more of the lean policy where it did not fit, or one fewer where it did."""
+    proposals = mixed_specs(uniform_costs(pool, n), n, limit, float("inf"))
+    first = search.evaluate_many([spec for spec, _, _ in proposals])
+    neighbours = []
+    for (spec, _, k), c in zip(proposals, first):
+        j = k - 1 if c.fits_in(limit) else k + 1
+        if 1 <= j < n:
+            neighbours.append(mixed_spec(spec.policies[0], spec.policies[-1], j, n))
+    return first + search.evaluate_many(neighbours)
+
+
+def _timed(pool: list[PlanCandidate], args: tuple, repeat: int) -> list[PlanCandidate]:
+    """The fitting candidates with their measured times: one program is timed once,
+    whatever its spellings (timing it against itself would only let the machine's noise
+    choose among equal programs)."""
+    programs = {c.program: c.compiled for c in pool if c.fits}
+    if not programs:
+        return pool
+    times = dict(zip(programs, time_side_by_side(list(programs.values()), args, repeat)))
+    return [dataclasses.replace(c, measured_ms=times.get(c.program) if c.fits else None) for c in pool]
+
+
+def _choose(fitting: list[PlanCandidate], measured: bool) -> PlanCandidate | None:
+    """The fastest fitting candidate (for the leanest plan, the fitting ones are those
+    within 1% of the least temp memory); among equally fast ones, the fewest residual bytes."""
+    if not fitting:
+        return None
+    speed = (lambda c: c.measured_ms) if measured else (lambda c: c.predicted_ms)
+    return min(fitting, key=lambda c: (speed(c), c.residual_bytes))

@@ -1,0 +1,178 @@
+"""The planner's search state: candidates traced, rejected early or compiled, and cached."""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from remat.analysis import saved_residuals
+from remat.analysis.budget import rates
+from remat.analysis.compiled import CompiledMemory
+from remat.planner._candidate import CandidateSpec, PlanCandidate
+from remat.planner.programs import _predicted_ms, lower_step, lowered_fingerprint, program_fingerprint
+from remat.planner.steering import apply_policies
+
+#: A candidate whose predicted temp bytes exceed the limit by this factor is not compiled.
+#: The prediction is its residual bytes (one trace), scaled by what XLA kept of the
+#: un-checkpointed step's residuals when that is less than all: the residuals are live
+#: together where the forward pass turns into the backward, so the temp buffer holds them
+#: unless XLA fuses them into their consumers. Measured: temp >= residual bytes for every
+#: candidate of the benchmark's transformer and MLP (remat.ops); with jax.nn ops the
+#: scaled prediction stayed below the temp bytes too (tests/test_planner.py).
+REJECT_MARGIN = 1.25
+
+
+class CandidateSearch:
+    """Evaluates candidates of one step: one trace each, one compile per distinct program.
+
+    Args:
+      step_fn: the user's loss.
+      args: its example arguments.
+      argnums: what the gradient is taken with respect to.
+      cache: candidates by label, shared across searches of the same step and shapes.
+      early_reject: leave uncompiled the candidates predicted (from one trace) not to fit.
+      lean: budget 0: reject above the least temp memory compiled so far, not a fixed limit.
+      progress: called with a line after each batch of compiles (None: silent).
+    """
+
+    def __init__(self, step_fn: Callable[..., Any], args: tuple, argnums: int | Sequence[int],
+                 cache: dict[str, PlanCandidate], early_reject: bool, lean: bool,
+                 progress: Callable[[str], None] | None = None):
+        self.step_fn, self.args, self.argnums, self.cache = step_fn, args, argnums, cache
+        self.early_reject, self.lean, self.progress = early_reject, lean, progress
+        self.limit: float | None = None  # the plan's limit, for the best-so-far of the progress lines
+        self.evaluated: dict[str, PlanCandidate] = {}  # this search's candidates, by label
+        self.ceiling: float | None = None  # temp bytes above which a candidate is not compiled
+        self.least = float("inf")  # the least temp memory compiled so far
+        # compiled temp bytes per residual byte, at most 1: XLA may fuse cheap residuals into
+        # their consumers (jax.nn's GELU keeps 1.9x more than the un-checkpointed temp buffer)
+        self.folded = 1.0
+        self.compiles = 0  # programs compiled by this search
+        self.none: PlanCandidate | None = None  # the un-checkpointed step, compiled
+        self.fused = 1.0  # compiled bytes accessed per lowered byte, the un-checkpointed step's
+        self._lowered: dict[str, Any] = {}  # lowerings not compiled yet, by fingerprint
+
+    def calibrate(self, none: PlanCandidate, limit: int) -> None:
+        """The un-checkpointed step compiled: set the rejection ceiling and the ratios the
+        estimates before compiling scale by."""
+        self.ceiling = self.limit = limit
+        self.none = none
+        self.folded = min(1.0, none.temp_bytes / max(none.residual_bytes, 1))
+        cost = none.compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        lowered_bytes = none.estimated_cost[1] if none.estimated_cost else 0.0
+        if cost and lowered_bytes:
+            self.fused = float(cost.get("bytes accessed", 0.0)) / lowered_bytes
+
+    def predicted_temp_bytes(self, c: PlanCandidate) -> float:
+        """A lower estimate of ``c``'s compiled temp bytes, from its residual bytes alone."""
+        return c.residual_bytes * self.folded
+
+    def _rejected(self, c: PlanCandidate) -> bool:
+        if self.lean:
+            bound = 1.01 * self.least if self.least < float("inf") else None
+        else:
+            bound = self.ceiling
+        return self.early_reject and bound is not None and self.predicted_temp_bytes(c) > REJECT_MARGIN * bound
+
+    def trace(self, spec: CandidateSpec) -> PlanCandidate:
+        """The candidate of ``spec`` with its residual bytes (one trace), from the cache if there."""
+        c = self.cache.get(spec.label)
+        if c is None:
+            planned = apply_policies(self.step_fn, spec.policies, spec.scan, spec.sequential, spec.whole_step)
+            c = self.cache[spec.label] = PlanCandidate(
+                spec.label, spec.policies, scan=spec.scan, sequential=spec.sequential, whole_step=spec.whole_step,
+                residual_bytes=saved_residuals(planned, *self.args).residual_bytes)
+        return c
+
+    def preview(self, spec: CandidateSpec) -> tuple[PlanCandidate, str | None]:
+        """The candidate of ``spec`` traced and lowered, not compiled: its residual bytes, and
+        its estimated temp bytes and time (:meth:`estimate`). The key is its lowering's
+        fingerprint (None: compiled already, or rejected early)."""
+        c = self.trace(spec)
+        if c.compiled is not None or self._rejected(c):
+            return c, None
+        if c.lowered is not None and c.lowered in self._lowered:
+            return c, c.lowered
+        planned = apply_policies(self.step_fn, spec.policies, spec.scan, spec.sequential, spec.whole_step)
+        lowered = lower_step(planned, self.args, self.argnums)
+        key = lowered_fingerprint(lowered)
+        self._lowered[key] = lowered
+        c = self.cache[c.label] = dataclasses.replace(c, lowered=key, **self.estimate(c, lowered))
+        return c, key
+
+    def estimate(self, c: PlanCandidate, lowered: Any) -> dict[str, Any]:
+        """Temp bytes and time predicted before compiling: the un-checkpointed step's temp
+        bytes less the residual bytes ``c`` no longer keeps (as much as XLA kept of them),
+        and the lowered program's FLOPs and bytes (the bytes scaled by what XLA's fusion left
+        of the un-checkpointed step's) at this machine's rates."""
+        cost = lowered.cost_analysis() or {}
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        flops, moved = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+        out: dict[str, Any] = {"estimated_cost": (flops, moved)}
+        if self.none is not None:
+            none = self.none
+            out["estimated_temp_bytes"] = int(max(0.0, none.temp_bytes
+                                                  - self.folded * (none.residual_bytes - c.residual_bytes)))
+            rate = rates()
+            out["estimated_ms"] = 1e3 * (flops / rate["flops_per_s"] + moved * self.fused / rate["bytes_per_s"])
+        return out
+
+    def evaluate_many(self, specs: Sequence[CandidateSpec]) -> list[PlanCandidate]:
+        """The candidates of ``specs``: traced and lowered one by one (the hooks steer one
+        trace at a time), the distinct programs compiled together."""
+        staged = [self.preview(spec) for spec in specs]
+        # spelled differently, lowered the same ("as written" and "all: nothing" often): one
+        # compile; the distinct new programs compile side by side (XLA releases the GIL)
+        known = {o.lowered: o for o in self.cache.values() if o.compiled is not None}
+        todo = {key: self._lowered[key] for _, key in staged if key is not None and key not in known}
+        started = time.perf_counter()
+        programs = compile_all(list(todo.values()))
+        alone_s = time.perf_counter() - started if len(todo) == 1 else None
+        for key, compiled in zip(todo, programs):
+            # one compile gives the exact temp bytes, the FLOPs/bytes for the time model and
+            # the executable that is timed
+            known[key] = PlanCandidate("", (), temp_bytes=CompiledMemory.from_compiled(compiled).temp_bytes,
+                                       predicted_ms=_predicted_ms(compiled), program=program_fingerprint(compiled),
+                                       lowered=key, compiled=compiled, compile_s=alone_s)
+            del self._lowered[key]  # compiled: the lowering is no longer needed
+        self.compiles += len(todo)
+        out = []
+        for c, key in staged:
+            if key is not None:
+                k = known[key]
+                c = self.cache[c.label] = dataclasses.replace(
+                    self.cache[c.label], temp_bytes=k.temp_bytes, predicted_ms=k.predicted_ms, program=k.program,
+                    lowered=key, compiled=k.compiled, compile_s=k.compile_s)
+            if c.temp_bytes is not None:
+                self.least = min(self.least, c.temp_bytes)
+            self.evaluated[c.label] = c
+            out.append(c)
+        if todo and self.progress is not None:
+            self.progress(self._progress_line())
+        return out
+
+    def evaluate(self, spec: CandidateSpec) -> PlanCandidate:
+        return self.evaluate_many([spec])[0]
+
+    def _progress_line(self) -> str:
+        compiled = sum(c.compiled is not None for c in self.evaluated.values())
+        line = f"remat plan: {compiled} of {len(self.evaluated)} candidates compiled ({self.compiles} programs)"
+        if self.limit is not None:
+            fitting = [c for c in self.evaluated.values() if c.fits_in(self.limit)]
+            if fitting:
+                best = min(fitting, key=lambda c: c.predicted_ms)
+                line += (f"; best so far: {best.label} ({best.temp_bytes / 2**20:.1f} MiB, "
+                         f"{best.predicted_ms:.2f} ms predicted)")
+        return line
+
+
+def compile_all(lowered: list[Any]) -> list[Any]:
+    """``[l.compile() for l in lowered]``, on as many threads as the machine has cores."""
+    if len(lowered) <= 1:
+        return [low.compile() for low in lowered]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(lowered), os.cpu_count() or 1)) as pool:
+        return list(pool.map(lambda low: low.compile(), lowered))

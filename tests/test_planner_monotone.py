@@ -1,0 +1,94 @@
+"""remat.plan is monotone in the memory budget, explains its choice, and reports its cost."""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import remat
+from remat.planner import plan, region_choices
+
+D, B, L = 32, 64, 4
+
+
+def block(w, x):
+    return x + jnp.tanh(jax.nn.gelu(x @ w[0]) @ w[1])
+
+
+def loss(ws, x):
+    for w in ws:
+        x = remat.checkpoint(block, w, x)
+    return (x**2).mean()
+
+
+WS = [jnp.stack([jnp.eye(D) * 0.3 + 0.01 * i] * 2) for i in range(L)]
+X = jnp.linspace(-1, 1, B * D).reshape(B, D)
+
+
+def test_the_plan_never_grows_nor_speeds_up_as_the_budget_falls():
+    cache: dict = {}
+    budgets = [round(0.05 * i, 2) for i in range(20, -1, -1)]  # 1.0 down to 0
+    plans = [plan(loss, WS, X, memory_budget=b, measure=False, cache=cache) for b in budgets]
+    chosen = [(b, p.chosen) for b, p in zip(budgets, plans) if p.feasible]
+    assert len(chosen) >= 3 and chosen[0][1].temp_bytes > chosen[-1][1].temp_bytes
+    for (b_hi, hi), (b_lo, lo) in zip(chosen, chosen[1:]):
+        # measure=False: the predicted times are deterministic, so no noise margin is needed
+        assert lo.temp_bytes <= hi.temp_bytes, (b_hi, hi.label, b_lo, lo.label)
+        assert lo.predicted_ms >= hi.predicted_ms, (b_hi, hi.label, b_lo, lo.label)
+    # once infeasible, every lower budget but 0 (the leanest, always feasible) is too
+    feasible = [p.feasible for p in plans[:-1]]
+    assert feasible == sorted(feasible, reverse=True)
+    assert plans[-1].feasible and plans[-1].chosen.temp_bytes <= 1.01 * min(
+        c.temp_bytes for p in plans for c in p.candidates if c.temp_bytes is not None)
+
+
+def test_the_plan_says_why_and_what_each_region_keeps():
+    p = plan(loss, WS, X, memory_budget=0.9, measure=False)
+    assert p.feasible and p.plan_s > 0 and p.compile_s > 0
+    up = p.runner_up
+    assert up is not None and up.fits and up.program != p.chosen.program
+    assert up.predicted_ms >= p.chosen.predicted_ms
+    why = p.why()
+    assert why[0].startswith(f"runner-up: {up.label}")
+    over = p.faster_over_limit
+    if over is not None:
+        assert over.temp_bytes > p.limit_bytes and over.predicted_ms < p.chosen.predicted_ms
+        assert "over the limit" in why[-1]
+    regions = region_choices(p, loss, WS, X)
+    assert [r["policy"] for r in regions] == [remat.policies.policy_name(s) if not isinstance(s, str) else s
+                                               for s in p.chosen.policies]
+    for r in regions:
+        if r["policy"] == "nothing":
+            assert r["measured_bytes"] == 0 and r["predicted_bytes"] == 0
+        if r["policy"] == "no_checkpoint":
+            # one block's own values: at least its two (B, D) hidden activations
+            assert r["measured_bytes"] >= 2 * B * D * 4
+            assert r["predicted_bytes"] == np.round(r["predicted_bytes"])
+
+
+def test_plan_cli_json_reports_plan_and_compile_seconds_and_regions(capsys):
+    from remat.cli import main
+
+    rc = main(["plan", "mlp", "--budget", "0.9", "--depth", "3", "--repeat", "1", "--json"])
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert rc == 0 and out["plan_s"] > 0 and out["compile_s"] > 0
+    assert [r["index"] for r in out["regions"]] == [0, 1, 2]
+    assert all({"policy", "predicted_bytes", "measured_bytes", "path"} <= r.keys() for r in out["regions"])
+    assert "candidates compiled" in captured.err and "best so far" in captured.err
+
+
+@pytest.mark.slow
+def test_the_finalists_search_compiles_fewer_programs_and_fits():
+    full = plan(loss, WS, X, memory_budget=0.6, measure=False)
+    fast = plan(loss, WS, X, memory_budget=0.6, measure=False, exhaustive=False)
+
+    def compiled(p):
+        return len({c.program for c in p.candidates if c.compiled is not None})
+
+    assert compiled(fast) < compiled(full)
+    assert fast.feasible and fast.chosen.temp_bytes <= fast.limit_bytes
+    # every candidate left uncompiled was estimated, before compiling, from its trace and lowering
+    left = [c for c in fast.candidates if c.compiled is None]
+    assert left and all(c.estimated_ms is not None and c.estimated_temp_bytes is not None for c in left)
