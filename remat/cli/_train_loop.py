@@ -176,7 +176,7 @@ def _main(args: argparse.Namespace) -> int:
         if saver is not None:
             saver.close()  # waits for the last (asynchronous) save to be complete on disk
     ran = len(losses) - start
-    if ran > 1:
+    if ran > 1 and t_first is not None:
         steps_per_s = (ran - 1) / max(t_end - t_first - paused, 1e-9)  # without the first (compiling) step
     elif ran == 1:
         steps_per_s = 1 / max(t_end - t_start, 1e-9)

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     loss, step_args = pure_step_loss(task)
     result = plan(loss, *step_args, memory_budget=budget, repeat=args.repeat, exhaustive=not args.finalists,
                   progress=lambda line: print(line, file=sys.stderr, flush=True))
-    plan_s = result.plan_s
+    plan_s = result.plan_s or 0.0  # plan() always measures it
     modules = _module_choices(loss, step_args, result.chosen) if args.checkpoint else []
     if args.json:
         print_json({"model": task.name, "checkpoint": args.checkpoint,
@@ -81,15 +81,16 @@ def run(args: argparse.Namespace) -> int:
                   f"({result.minimum_bytes / result.none_temp_bytes:.2f} of no checkpoint); "
                   "raise --budget or use remat.scan for stacks of identical layers")
         else:
-            print(f"plan: {result.chosen.label} ({result.chosen.temp_bytes / mib:.1f} MiB, "
-                  f"{result.chosen.measured_ms:.2f} ms per step)")
+            chosen_bytes, chosen_ms = result.chosen.temp_bytes or 0, result.chosen.speed_ms() or float("nan")
+            print(f"plan: {result.chosen.label} ({chosen_bytes / mib:.1f} MiB, {chosen_ms:.2f} ms per step)")
             if modules:
                 print("per module: " + ", ".join(f"{p} {s}" for p, s in modules))
             for line in result.why():
                 print(line)
         compiled = sum(c.compiled is not None for c in result.candidates)
-        one = f" ({plan_s / result.compile_s:.1f}x one compile of the un-checkpointed step, " \
-              f"{result.compile_s:.1f} s)" if result.compile_s else ""
+        compile_s = result.compile_s
+        one = f" ({plan_s / compile_s:.1f}x one compile of the un-checkpointed step, " \
+              f"{compile_s:.1f} s)" if compile_s else ""
         print(f"planned in {plan_s:.1f} s{one}: {len(result.candidates)} candidates, {compiled} compiled, "
               f"{len({c.program for c in result.candidates if c.program})} distinct programs")
     return EXIT_OK if result.feasible else EXIT_CHECK_FAILED
