@@ -33,9 +33,14 @@ def test_the_plan_never_grows_nor_speeds_up_as_the_budget_falls():
     chosen = [(b, p.chosen) for b, p in zip(budgets, plans) if p.feasible]
     assert len(chosen) >= 3 and chosen[0][1].temp_bytes > chosen[-1][1].temp_bytes
     for (b_hi, hi), (b_lo, lo) in zip(chosen, chosen[1:]):
-        # measure=False: the predicted times are deterministic, so no noise margin is needed
+        # measure=False: times are XLA's cost analysis at rates calibrated once per process, so
+        # they differ between runs but not within one. Each budget confirms only a few mixed
+        # finalists, so a higher budget may keep a plan predicted up to a fraction of a percent
+        # slower than one a lower budget finds (seen: 0.36%); 2% is the planner's own bound
+        # against the compile-everything search and far below step-time noise (~7% here).
+        # What must never happen, a lower budget with more memory or a clearly faster plan:
         assert lo.temp_bytes <= hi.temp_bytes, (b_hi, hi.label, b_lo, lo.label)
-        assert lo.predicted_ms >= hi.predicted_ms, (b_hi, hi.label, b_lo, lo.label)
+        assert lo.predicted_ms >= 0.98 * hi.predicted_ms, (b_hi, hi.label, b_lo, lo.label)
     # once infeasible, every lower budget but 0 (the leanest, always feasible) is too
     feasible = [p.feasible for p in plans[:-1]]
     assert feasible == sorted(feasible, reverse=True)
