@@ -22,12 +22,12 @@ from remat.crosscheck.harness import (
     _is_float,
     _jax_arrays,
     _jax_buffers,
-    _jit,
     _modes,
     _precision,
     _set_mode,
     _torch_tensors,
     _wrap_jax,
+    jax_value_and_grad,
 )
 from remat.crosscheck.layouts import torch_name
 from remat.crosscheck.lazy import _torch
@@ -48,23 +48,6 @@ def _loss_pair(loss: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
         return loss, loss
     raise TypeError("loss must be a function of the outputs (working on jax and torch arrays) "
                     "or a pair (jax_loss, torch_loss)")
-
-
-def _jax_value_and_grad(call: Callable[..., Any], jax_loss: Callable[[Any], Any], graphdef: Any,
-                        argnums: tuple[int, ...]) -> Callable[..., Any]:
-    """The jitted ``(state, *inputs) -> (outputs, gradients, new state)`` of one JAX step."""
-
-    def f(model, *args):
-        out = call(model, *args)
-        return jax_loss(out), out
-
-    @_jit
-    def value_and_grad(state, *args):
-        model = nnx.merge(graphdef, state)
-        (_, out), grads = nnx.value_and_grad(f, argnums=argnums, has_aux=True)(model, *args)
-        return out, grads, nnx.state(model)
-
-    return value_and_grad
 
 
 def compare_gradients(
@@ -180,7 +163,7 @@ def compare_gradients(
             jxs = _jax_arrays(xs, dtype, channels_last)
             argnums = (0, *(i + 1 for i in float_idx))
             graphdef, state = nnx.split(jm)
-            value_and_grad = _jax_value_and_grad(_wrap_jax(jm, checkpoint, jax_select), jax_loss, graphdef, argnums)
+            value_and_grad = jax_value_and_grad(_wrap_jax(jm, checkpoint, jax_select), jax_loss, graphdef, argnums)
             j_out, grads, state = value_and_grad(state, *jxs)
             nnx.update(jm, state)  # the BatchNorm statistics of the train-mode step
             # outputs: array leaves in order, named as torch's; the others skipped and named

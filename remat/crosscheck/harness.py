@@ -173,3 +173,24 @@ def _buffers(torch_model: Any) -> dict[str, Any]:
 
 def _jax_buffers(model: nnx.Module) -> dict[str, tuple[tuple, Any]]:
     return {n: (p, v.get_value()) for n, (p, v) in _variables(model).items() if isinstance(v, nnx.BatchStat)}
+
+
+def jax_value_and_grad(call: Callable[..., Any], jax_loss: Callable[[Any], Any], graphdef: Any,
+                       argnums: tuple[int, ...], jit: Callable[..., Any] = _jit) -> Callable[..., Any]:
+    """The jitted ``(state, *inputs) -> (outputs, gradients, new state)`` of one JAX step.
+
+    ``jit``: how it compiles (the low-precision runs pass theirs, which keeps XLA from
+    rounding in excess precision).
+    """
+
+    def f(model, *args):
+        out = call(model, *args)
+        return jax_loss(out), out
+
+    @jit
+    def value_and_grad(state, *args):
+        model = nnx.merge(graphdef, state)
+        (_, out), grads = nnx.value_and_grad(f, argnums=argnums, has_aux=True)(model, *args)
+        return out, grads, nnx.state(model)
+
+    return value_and_grad

@@ -22,6 +22,7 @@ from remat.crosscheck.harness import (
     _is_float,
     _jax_buffers,
     _wrap_jax,
+    jax_value_and_grad,
 )
 from remat.crosscheck.layouts import to_torch, torch_name
 from remat.crosscheck.lazy import _torch
@@ -102,16 +103,7 @@ def jax_gradients(jax_model: nnx.Module, xs: tuple, precision: str, mode: str, c
     graphdef, state = nnx.split(jm)
     call = _wrap_jax(jm, checkpoint, jax_select)
 
-    def f(model, *args):
-        out = call(model, *args)
-        return jax_loss(out), out
-
-    @_jit
-    def value_and_grad(state, *args):
-        model = nnx.merge(graphdef, state)
-        (_, out), grads = nnx.value_and_grad(f, argnums=(0, *(i + 1 for i in float_idx)), has_aux=True)(model, *args)
-        return out, grads, nnx.state(model)
-
+    value_and_grad = jax_value_and_grad(call, jax_loss, graphdef, (0, *(i + 1 for i in float_idx)), jit=_jit)
     out, grads, state = value_and_grad(state, *jxs)
     nnx.update(jm, state)
     leaves = [_from_jax_layout(np.asarray(o), channels_last) for o in jax.tree.leaves(out)]
