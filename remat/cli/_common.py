@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, TypeVar
+
+Report = TypeVar("Report")
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -31,6 +33,14 @@ def print_json(obj: Any) -> None:
 
     json.dump(obj, sys.stdout, default=default)
     sys.stdout.write("\n")
+
+
+def expect_report(report: Any, kind: type[Report]) -> Report:
+    """``report`` as the ``kind`` its call returns for the options given (compare_gradients and
+    compare_training return a PrecisionReport in low precision, else their own report)."""
+    if not isinstance(report, kind):
+        raise TypeError(f"expected a {kind.__name__}, got a {type(report).__name__}")
+    return report
 
 
 def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from remat.cli._common import EXIT_CHECK_FAILED, EXIT_OK, print_json, print_table
+from remat.cli._common import EXIT_CHECK_FAILED, EXIT_OK, expect_report, print_json, print_table
 
 
 def run_precision(args: argparse.Namespace, precision: str, jax_model: Any, torch_model: Any, inputs: Any,
@@ -17,17 +17,17 @@ def run_precision(args: argparse.Namespace, precision: str, jax_model: Any, torc
     """
     from remat import crosscheck
     from remat.cli.crosscheck import _entry
-    from remat.crosscheck.precision import COLUMNS
+    from remat.crosscheck.precision import COLUMNS, PrecisionReport
 
-    grads = crosscheck.compare_gradients(jax_model, torch_model, inputs, precision=precision, mode=mode,
-                                         checkpoint=whole)
+    grads = expect_report(crosscheck.compare_gradients(jax_model, torch_model, inputs, precision=precision,
+                                                       mode=mode, checkpoint=whole), PrecisionReport)
     training = None
     if args.steps:
         train_mode = "eval" if args.mode == "eval" else "train"
-        training = crosscheck.compare_training(
+        training = expect_report(crosscheck.compare_training(
             jax_model, torch_model, inputs, targets, optimizer=args.optimizer, lr=args.lr, steps=args.steps,
             precision=precision, mode=train_mode, checkpoint=whole,
-            exclude=getattr(_entry(args), "training_exclude", None))
+            exclude=getattr(_entry(args), "training_exclude", None)), PrecisionReport)
     reports = [grads] + ([training] if training is not None else [])
     ok = all(r.ok for r in reports)
     if args.json:

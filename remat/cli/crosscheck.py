@@ -20,7 +20,7 @@ import argparse
 from typing import Any
 
 from remat._names import CROSSCHECK_OPTIMIZERS, POLICY_NAMES, is_no_checkpoint
-from remat.cli._common import EXIT_CHECK_FAILED, EXIT_OK, UsageError, print_json, print_table
+from remat.cli._common import EXIT_CHECK_FAILED, EXIT_OK, UsageError, expect_report, print_json, print_table
 
 HELP = "compare gradients and training of a Flax model against its PyTorch twin"
 EXAMPLE = "remat crosscheck transformer --policy dots --dtype float64 --steps 3"
@@ -179,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--rtol/--atol do not apply in bfloat16 or mixed precision: each tensor is judged against "
                          "PyTorch's own error (err_jax <= 2 * max(err_torch, eps))")
     from remat import crosscheck
+    from remat.crosscheck.report import GradientReport, TrainingReport
     from remat.models import RematSettings
 
     if is_no_checkpoint(args.policy):
@@ -201,16 +202,16 @@ def run(args: argparse.Namespace) -> int:
 
         return run_precision(args, precision, jax_model, torch_model, inputs, targets, whole, label, mode)
     rtol, atol = _tolerances(args)
-    grads = crosscheck.compare_gradients(jax_model, torch_model, inputs, dtype=args.dtype, mode=mode,
-                                         checkpoint=whole, rtol=rtol, atol=atol)
+    grads = expect_report(crosscheck.compare_gradients(jax_model, torch_model, inputs, dtype=args.dtype, mode=mode,
+                                                       checkpoint=whole, rtol=rtol, atol=atol), GradientReport)
     training = None
     if args.steps:
         train_mode = "eval" if args.mode == "eval" else "train"
         train_rtol, train_atol = _tolerances(args, training=True)
-        training = crosscheck.compare_training(
+        training = expect_report(crosscheck.compare_training(
             jax_model, torch_model, inputs, targets, optimizer=args.optimizer, lr=args.lr, steps=args.steps,
             dtype=args.dtype, mode=train_mode, checkpoint=whole, rtol=train_rtol, atol=train_atol,
-            exclude=getattr(_entry(args), "training_exclude", None))
+            exclude=getattr(_entry(args), "training_exclude", None)), TrainingReport)
     ok = grads.ok and (training is None or training.ok)
     if args.json:
         print_json({"model": args.model, "policy": args.policy, "remat": label, "dtype": args.dtype, "ok": ok,

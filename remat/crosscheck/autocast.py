@@ -98,7 +98,8 @@ def jax_model(model: nnx.Module, precision: str) -> nnx.Module:
         elif isinstance(node, _NORM_MODULES):
             node.__class__ = _float32_norm_class(type(node))
         if isinstance(node, nnx.Module) and hasattr(node, "autocast_dtype") and precision == "mixed":
-            node.autocast_dtype = jnp.bfloat16
+            twin_module: Any = node  # autocast_dtype is the reference twins' own field, not nnx's
+            twin_module.autocast_dtype = jnp.bfloat16
     return model
 
 

@@ -62,7 +62,8 @@ def _cast_jax_model(jax_model: nnx.Module, dtype: str) -> nnx.Module:
         if isinstance(node, nnx.Variable) and hasattr(node, "dtype") and jnp.issubdtype(node.dtype, jnp.floating):
             node.set_value(jnp.asarray(np.asarray(node.get_value()), dtype=dtype))
         elif isinstance(node, nnx.Module) and _is_float_dtype(getattr(node, "dtype", None)):
-            node.dtype = jnp.dtype(dtype)  # e.g. nnx.Embed fixes its compute dtype at init
+            module: Any = node  # any module with a compute dtype field
+            module.dtype = jnp.dtype(dtype)  # e.g. nnx.Embed fixes its compute dtype at init
     return model
 
 

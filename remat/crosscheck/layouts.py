@@ -142,8 +142,8 @@ class Layouts:
                 if chosen not in LAYOUTS:
                     raise ValueError(f"layouts[{torch_name!r}] = {chosen!r}: use one of {', '.join(LAYOUTS)}")
                 self.given[new] = chosen
-            elif owners.get(torch_name) is not None:
-                self.owned[new] = owners[torch_name]
+            elif (owned := owners.get(torch_name)) is not None:
+                self.owned[new] = owned
         self.guessed_square: list[str] = []
 
     def of(self, name: str, leaf: str, torch_shape: tuple[int, ...]) -> str:

@@ -90,7 +90,7 @@ def torch_gradients(torch_model: Any, xs: tuple, precision: str, mode: str, chec
 
 
 def jax_gradients(jax_model: nnx.Module, xs: tuple, precision: str, mode: str, checkpoint: Any, jax_loss: Callable,
-                  jax_select: Any, channels_last: bool, naming: TorchNaming, torch_shapes: dict[str, tuple],
+                  jax_select: Any, channels_last: bool, naming: TorchNaming, torch_shapes: dict[tuple, tuple],
                   output_names: list[str]) -> Values:
     """The JAX run's values under the torch run's names (``torch_shapes`` gives each tensor's layout)."""
     jm = autocast.jax_model(jax_model, precision)

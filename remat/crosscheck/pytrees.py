@@ -50,7 +50,7 @@ class PytreeModel(nnx.Module):
 
     _crosscheck_strip = 1  # the path's "tree" part; a variables dict adds its collection
 
-    def __init__(self, apply: Callable[..., Any], tree: Any, *, linen: bool, train_kwargs: Mapping[str, Any],
+    def __init__(self, apply: Callable[..., Any] | None, tree: Any, *, linen: bool, train_kwargs: Mapping[str, Any],
                  eval_kwargs: Mapping[str, Any]):
         leaves, self._treedef = jax.tree_util.tree_flatten_with_path(tree)
         variables = is_variables_dict(tree)
@@ -71,9 +71,11 @@ class PytreeModel(nnx.Module):
         self.input_layout = "channels_last" if kernels else "same"  # Linen convolutions are NHWC
 
     def _variable(self, parts: tuple[str, ...]) -> nnx.Variable:
-        node = self.tree
+        node: Any = self.tree
         for part in parts:
             node = node[part]
+        if not isinstance(node, nnx.Variable):
+            raise KeyError(f"{'/'.join(parts)} is a subtree, not a variable")
         return node
 
     def value(self) -> Any:
@@ -88,6 +90,8 @@ class PytreeModel(nnx.Module):
         self._mode = "eval"
 
     def __call__(self, *inputs: Any) -> Any:
+        if self._apply is None:
+            raise TypeError("this PytreeModel only holds weights (load_torch_state's); it has no apply function")
         variables = self.value()
         kwargs = dict(self._kwargs[self._mode])
         if not (self._linen and self._mode == "train" and "batch_stats" in variables):

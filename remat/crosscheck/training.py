@@ -133,7 +133,8 @@ def _excluder(exclude: Any, known: set[str]) -> Callable[[str], bool] | None:
     if isinstance(exclude, str):
         exclude = (exclude,)
     if callable(exclude):
-        return exclude
+        predicate = exclude
+        return lambda name: bool(predicate(name))
     names = set(exclude)
     unknown = sorted(names - known)
     if unknown:
@@ -220,7 +221,6 @@ def compare_training(
     low = resolve_precision(dtype, precision)
     if low is None:
         dtype = _dtype_name(dtype)
-        rtol, atol = _tolerances(TRAINING_TOLERANCES, dtype, rtol, atol)
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
     if not isinstance(steps, int) or steps < 1:
@@ -249,6 +249,7 @@ def compare_training(
                                   optimizers=optimizers, checkpoint=checkpoint, losses=(jax_loss, torch_loss),
                                   selectors=(jax_select, torch_select), channels_last=channels_last, naming=naming,
                                   exclude=excluded_by, optimizer=optimizer, excluded=excluded, lr=lr)
+    rtol, atol = _tolerances(TRAINING_TOLERANCES, dtype, rtol, atol)
     with _precision(dtype):
         jm = _cast_jax_model(jax_model, dtype)
         tm = _cast_torch_model(torch_model, dtype)

@@ -210,8 +210,10 @@ def _tied(source: Any, names: Mapping[str, str], targets: Any) -> tuple[list[tup
 
 
 def _state_dict(source: Any) -> dict[str, Any]:
-    if hasattr(source, "state_dict") and callable(source.state_dict):
-        return {torch_name(k): v for k, v in source.state_dict().items()}
+    state_dict = getattr(source, "state_dict", None)
+    if callable(state_dict):
+        entries: Any = state_dict()  # a torch module's (or anything that offers one)
+        return {torch_name(k): v for k, v in entries.items()}
     if isinstance(source, Mapping):
         return dict(source)
     raise TypeError(
