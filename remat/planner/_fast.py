@@ -46,7 +46,15 @@ class RegionModel:
         return CandidateSpec(label, policies)
 
     def assignment(self, choice: tuple[int, ...]) -> Assignment:
-        """The assignment ``choice`` (an option index per region) with this model's predictions."""
+        """The assignment ``choice`` (an option index per region) with this model's predictions.
+
+        Where every region costs the same, only how many regions take each option matters
+        (and the last region's option, see :func:`remat.planner._assign.peak`), so the
+        others are put in one order: the leanest first.
+        """
+        if len(set(self.options)) == 1 and len(set(self.working)) == 1 and len(choice) > 2:
+            opts = self.options[0]
+            choice = (*sorted(choice[:-1], key=lambda j: (opts[j].kept, j)), choice[-1])
         kept = [self.options[i][j].kept for i, j in enumerate(choice)]
         return Assignment(choice, peak(kept, self.working), sum(self.options[i][j].ms for i, j in enumerate(choice)))
 
@@ -99,12 +107,13 @@ def fast_search(search: CandidateSearch, survey: _Survey, policies: Sequence[Any
     """The un-checkpointed step, and the candidates weighed: every option on all regions
     (traced, compiled only if chosen), the predicted runner-up, and the finalists, compiled.
 
-    The un-checkpointed step compiles in the background while every option is traced
-    once for its residual bytes. :func:`region_model` turns those and ``recompute`` into
+    Every option is traced once for its residual bytes; :func:`region_model` turns those
+    and ``recompute`` into
     per-region costs, and :func:`remat.planner._assign.fastest_within` gives the exact
     fastest assignment whose predicted peak is at most ``budget`` times the
-    un-checkpointed step's. Neither needs a compile, so the pick compiles beside the
-    un-checkpointed step. If it does not fit, the bound shrinks by the confirmed
+    un-checkpointed step's. Neither needs a compile, so the pick compiles in the
+    background, and beside it the un-checkpointed step (the budget's yardstick). If the
+    pick does not fit, the bound shrinks by the confirmed
     prediction error and the assignment is solved again with the next leaner one as a
     second finalist, at most ``ROUNDS`` times; if still nothing fits, the leanest
     assignments compile (every region keeping least, and the same with the last region
@@ -123,13 +132,15 @@ def fast_search(search: CandidateSearch, survey: _Survey, policies: Sequence[Any
       ``(the un-checkpointed step, the candidates)``.
     """
     n = survey.regions
-    waiting = search.start([no_checkpoint_spec(survey)])
+    traced_none = search.trace(no_checkpoint_spec(survey))
     uniform = [search.trace(CandidateSpec(f"all: {_spec_label(p)}", (p,) * n)) for p in policies]
-    guess = region_model(search.cache["no checkpoint"], uniform, recompute)
+    guess = region_model(traced_none, uniform, recompute)
     bound = _bound(guess, budget)  # in predicted-peak bytes, the same whatever the scale
     # predicted not to fit at all: the leanest compile at once, for the minimum reported
     picks = _picks(guess, bound, budget, with_leaner=budget == 0) or _lean_pair(guess)
     pending = _confirm(search, guess, picks) if picks else None
+    # the pick compiles longer than the un-checkpointed step (it recomputes), so it starts first
+    waiting = search.start([no_checkpoint_spec(survey)])
     none = waiting()[0]
     limit = int(budget * none.compiled_temp_bytes())
     search.calibrate(none, limit)
@@ -157,7 +168,7 @@ def fast_search(search: CandidateSearch, survey: _Survey, policies: Sequence[Any
     if budget > 0 and not any(c.fits_in(limit) for c in finalists.values()):
         finalists.update((c.label, c) for c in _confirm(search, model, _lean_pair(model))())
     # the model's runner-up: the fastest other assignment predicted to fit, not compiled
-    best = fastest_within(model.options, model.working, bound)
+    best = _fastest(model, bound)
     shown = [search.cache[c.label] for c in uniform if c.label not in finalists]
     if best is not None:
         up = _runner_up(model, bound, best)
@@ -166,16 +177,20 @@ def fast_search(search: CandidateSearch, survey: _Survey, policies: Sequence[Any
     return none, [*shown, *finalists.values()]
 
 
+def _fastest(model: RegionModel, bound: float) -> Assignment | None:
+    best = fastest_within(model.options, model.working, bound)
+    return None if best is None else model.assignment(best.choice)
+
+
 def _picks(model: RegionModel, bound: float, budget: float, with_leaner: bool) -> list[Assignment]:
     """The fastest assignment within ``bound``, and with ``with_leaner`` the next leaner
     one (for budget 0, the leanest)."""
-    best = fastest_within(model.options, model.working, bound)
+    best = _fastest(model, bound)
     if best is None:
         return []
     picks = [best]
     if with_leaner:
-        leaner = _leanest(model) if budget == 0 else fastest_within(model.options, model.working,
-                                                                    best.peak * (1 - 1e-9))
+        leaner = _leanest(model) if budget == 0 else _fastest(model, best.peak * (1 - 1e-9))
         if leaner is not None and leaner.choice != best.choice:
             picks.append(leaner)
     return picks
@@ -191,13 +206,13 @@ def _lean_pair(model: RegionModel) -> list[Assignment]:
 def _runner_up(model: RegionModel, bound: float, best: Assignment) -> Assignment | None:
     """The fastest assignment within ``bound`` other than ``best``: the fastest leaner one,
     or the fastest that keeps ``best``'s bytes but differs in a region, whichever is faster."""
-    leaner = fastest_within(model.options, model.working, best.peak * (1 - 1e-9))
+    leaner = _fastest(model, best.peak * (1 - 1e-9))
     others = [leaner] if leaner is not None else []
     for i, j in enumerate(best.choice):
         for k in range(len(model.options[i])):
             if k != j:
                 a = model.assignment(best.choice[:i] + (k,) + best.choice[i + 1:])
-                if a.peak <= bound:
+                if a.peak <= bound and a.choice != best.choice:
                     others.append(a)
     return min(others, key=lambda a: (a.ms, a.peak), default=None)
 
@@ -208,10 +223,6 @@ def _bound(model: RegionModel, budget: float) -> float:
     if budget == 0:
         return 1.01 * _leanest(model).peak
     return budget * model.assignment((0,) * len(model.options)).peak
-
-
-def _pick(model: RegionModel, bound: float) -> Assignment | None:
-    return fastest_within(model.options, model.working, bound)
 
 
 def _leanest(model: RegionModel) -> Assignment:
