@@ -108,14 +108,14 @@ def fast_search(search: CandidateSearch, survey: _Survey, policies: Sequence[Any
     (traced, compiled only if chosen), the predicted runner-up, and the finalists, compiled.
 
     Every option is traced once for its residual bytes; :func:`region_model` turns those
-    and ``recompute`` into
-    per-region costs, and :func:`remat.planner._assign.fastest_within` gives the exact
+    and ``recompute`` into per-region costs, and :func:`remat.planner._assign.fastest_within` gives the exact
     fastest assignment whose predicted peak is at most ``budget`` times the
-    un-checkpointed step's. Neither needs a compile, so the pick compiles in the
-    background, and beside it the un-checkpointed step (the budget's yardstick). If the
-    pick does not fit, the bound shrinks by the confirmed
-    prediction error and the assignment is solved again with the next leaner one as a
-    second finalist, at most ``ROUNDS`` times; if still nothing fits, the leanest
+    un-checkpointed step's, and :func:`_other` a second opinion without the pick's main
+    policy. Neither needs a compile, so both compile in the background, and beside them
+    the un-checkpointed step (the budget's yardstick). If neither fits, the next two
+    assignments down the model's front (the fastest below the least predicted peak that
+    missed, and the fastest leaner than that) compile, at
+    most ``ROUNDS`` rounds in all; if still nothing fits, the leanest
     assignments compile (every region keeping least, and the same with the last region
     un-checkpointed), so that the minimum reported is a compiled one. For budget 0 the
     finalists are the fastest assignment within 1% of the least predicted peak, and the
@@ -137,7 +137,7 @@ def fast_search(search: CandidateSearch, survey: _Survey, policies: Sequence[Any
     guess = region_model(traced_none, uniform, recompute)
     bound = _bound(guess, budget)  # in predicted-peak bytes, the same whatever the scale
     # predicted not to fit at all: the leanest compile at once, for the minimum reported
-    picks = _picks(guess, bound, budget, with_leaner=budget == 0) or _lean_pair(guess)
+    picks = _picks(guess, bound, budget, with_leaner=budget == 0, with_other=True) or _lean_pair(guess)
     pending = _confirm(search, guess, picks) if picks else None
     # the pick compiles longer than the un-checkpointed step (it recomputes), so it starts first
     waiting = search.start([no_checkpoint_spec(survey)])
@@ -150,12 +150,12 @@ def fast_search(search: CandidateSearch, survey: _Survey, policies: Sequence[Any
     for a in picks:  # their predictions, now with the step's own time and temp bytes
         _estimated(search, model, a)
     finalists: dict[str, PlanCandidate] = {}
-    for _ in range(ROUNDS):
+    for round_ in range(ROUNDS):
         if pending is None:
             break
         confirmed = pending()
         finalists.update((c.label, c) for c in confirmed)
-        if budget == 0 or any(c.fits_in(limit) for c in confirmed):
+        if budget == 0 or any(c.fits_in(limit) for c in confirmed) or round_ == ROUNDS - 1:
             break
         # none fits: the next two assignments down the model's front, below the least
         # predicted peak that missed (a walk that skips none, so that a lower budget never
@@ -171,8 +171,8 @@ def fast_search(search: CandidateSearch, survey: _Survey, policies: Sequence[Any
     best = _fastest(model, bound)
     shown = [search.cache[c.label] for c in uniform if c.label not in finalists]
     if best is not None:
-        up = _runner_up(model, bound, best)
-        if up is not None and model.spec(up).label not in finalists:
+        up = _runner_up(model, bound, best, set(finalists))
+        if up is not None:
             shown.append(_estimated(search, model, up))
     return none, [*shown, *finalists.values()]
 
@@ -182,18 +182,38 @@ def _fastest(model: RegionModel, bound: float) -> Assignment | None:
     return None if best is None else model.assignment(best.choice)
 
 
-def _picks(model: RegionModel, bound: float, budget: float, with_leaner: bool) -> list[Assignment]:
-    """The fastest assignment within ``bound``, and with ``with_leaner`` the next leaner
+def _picks(model: RegionModel, bound: float, budget: float, with_leaner: bool,
+           with_other: bool = False) -> list[Assignment]:
+    """The fastest assignment within ``bound``; with ``with_other`` also the fastest one
+    without the policy it uses most (:func:`_other`); with ``with_leaner`` the next leaner
     one (for budget 0, the leanest)."""
     best = _fastest(model, bound)
     if best is None:
         return []
     picks = [best]
+    other = _other(model, bound, best) if with_other else None
+    if other is not None and other.choice != best.choice:
+        picks.append(other)
     if with_leaner:
         leaner = _leanest(model) if budget == 0 else _fastest(model, best.peak * (1 - 1e-9))
         if leaner is not None and leaner.choice != best.choice:
             picks.append(leaner)
     return picks
+
+
+def _other(model: RegionModel, bound: float, best: Assignment) -> Assignment | None:
+    """The fastest assignment within ``bound`` that never uses the policy ``best`` puts on
+    most regions: a second opinion where the time model is least sure (predicted recompute
+    times of two policies within a few percent measured 10-30% apart on the benchmark's
+    transformer), timed beside ``best``."""
+    used = [j for j in best.choice if j != 0]  # option 0 is NONE
+    if not used:
+        return None
+    most = max(set(used), key=used.count)
+    without = tuple(tuple(o._replace(ms=float("inf")) if j == most else o for j, o in enumerate(opts))
+                    for opts in model.options)
+    found = fastest_within(without, model.working, bound)
+    return None if found is None else model.assignment(found.choice)
 
 
 def _lean_pair(model: RegionModel) -> list[Assignment]:
@@ -203,9 +223,9 @@ def _lean_pair(model: RegionModel) -> list[Assignment]:
     return [lean, model.assignment(lean.choice[:-1] + (0,))]
 
 
-def _runner_up(model: RegionModel, bound: float, best: Assignment) -> Assignment | None:
-    """The fastest assignment within ``bound`` other than ``best``: the fastest leaner one,
-    or the fastest that keeps ``best``'s bytes but differs in a region, whichever is faster."""
+def _runner_up(model: RegionModel, bound: float, best: Assignment, compiled: set[str]) -> Assignment | None:
+    """The fastest assignment within ``bound`` other than ``best`` and not ``compiled``
+    (labels): the fastest leaner one, or one that differs from ``best`` in one region."""
     leaner = _fastest(model, best.peak * (1 - 1e-9))
     others = [leaner] if leaner is not None else []
     for i, j in enumerate(best.choice):
@@ -214,6 +234,7 @@ def _runner_up(model: RegionModel, bound: float, best: Assignment) -> Assignment
                 a = model.assignment(best.choice[:i] + (k,) + best.choice[i + 1:])
                 if a.peak <= bound and a.choice != best.choice:
                     others.append(a)
+    others = [a for a in others if model.spec(a).label not in compiled]
     return min(others, key=lambda a: (a.ms, a.peak), default=None)
 
 
