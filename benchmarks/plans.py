@@ -2,8 +2,11 @@
 
 ``python -m benchmarks.plans [--quick] [--out DIR]`` plans the MLP and the transformer of
 ``models/`` at 8 and 16 blocks for budgets 0.25, 0.5 and 0.75 of the un-checkpointed
-step's compiled temp memory, then re-times the plan (twice --repeat rounds) beside the fastest fixed named policy
-that fits (interleaved rounds, medians) and writes ``plans.json`` and ``plans.md``.
+step's compiled temp memory, with the default search and with the compile-everything one
+(``exhaustive=True``), then re-times the two plans (twice --repeat rounds) beside the
+fastest fixed named policy that fits (interleaved rounds, medians) and writes
+``plans.json`` and ``plans.md``; ``ratio_to_exhaustive`` is the default plan's time over
+the compile-everything plan's.
 
 ``--sweep`` instead plans the 8-block MLP and transformer at every budget from 1 down to
 0 in steps of 0.05 (one shared cache, so every budget weighs the same compiled
@@ -52,31 +55,46 @@ def main(argv: list[str] | None = None) -> int:
     for model in ("mlp", "transformer"):
         for depth in ((8,) if args.quick else (8, 16)):
             loss, step_args = _task(model, depth)
-            cache: dict = {}
             for budget in (0.25, 0.5, 0.75):
+                # the default search first, with nothing compiled before it; then the
+                # compile-everything search, which reuses its compiled candidates
+                cache: dict = {}
                 t0 = time.perf_counter()
                 p = plan(loss, *step_args, memory_budget=budget, repeat=args.repeat, cache=cache)
+                plan_s = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                full = plan(loss, *step_args, memory_budget=budget, repeat=args.repeat, cache=cache, exhaustive=True)
                 row = {"model": model, "depth": depth, "budget": budget, "feasible": p.feasible,
                        "keep_freed_memory": args.keep_freed_memory,
                        "limit_bytes": p.limit_bytes, "none_temp_bytes": p.none_temp_bytes,
-                       "minimum_bytes": p.minimum_bytes, "plan_s": round(time.perf_counter() - t0, 1)}
+                       "minimum_bytes": p.minimum_bytes, "plan_s": round(plan_s, 1),
+                       "compile_s": p.compile_s, "exhaustive_s": round(time.perf_counter() - t0, 1),
+                       "exhaustive_feasible": full.feasible,
+                       "exhaustive_minimum_bytes": full.minimum_bytes}
                 row["candidates"] = [{"label": c.label, "temp_bytes": c.temp_bytes, "fits": c.fits,
                                       "measured_ms": c.measured_ms, "program": c.program} for c in p.candidates]
                 # a fixed policy is one a user could name: the three above, no checkpoint,
                 # or the model's checkpoint names
-                fits = [c for c in p.candidates if c.fits and (c.label in fixed or c.label.startswith("all: names:"))]
+                fits = [c for c in full.candidates
+                        if c.fits and (c.label in fixed or c.label.startswith("all: names:"))]
                 if p.chosen is not None:
                     row.update(chosen=p.chosen.label, chosen_temp_bytes=p.chosen.temp_bytes)
                     best = min(fits, key=lambda c: c.measured_ms) if fits else None
-                    nothing = next((c for c in p.candidates if c.label == "all: nothing" and c.fits), None)
+                    nothing = next((c for c in full.candidates if c.label == "all: nothing" and c.fits), None)
+                    everything = full.chosen
                     # one program is timed once, however many roles or spellings it has (the
                     # plan may compile to the best fixed policy, or to nothing itself): timing
                     # it against itself measures only the machine's noise
                     unique = {c.program: functools.partial(c.compiled, *step_args)
-                              for c in (p.chosen, best, nothing) if c is not None}
+                              for c in (p.chosen, everything, best, nothing) if c is not None}
                     timings = time_programs(list(unique.values()), rounds=2 * args.repeat)
                     ms = dict(zip(unique, timings.medians_ms()))
                     row["chosen_ms"] = ms[p.chosen.program]
+                    if everything is not None:
+                        # the default search against the compile-everything one, timed together
+                        row.update(exhaustive_chosen=everything.label, exhaustive_ms=ms[everything.program],
+                                   exhaustive_temp_bytes=everything.temp_bytes,
+                                   ratio_to_exhaustive=ms[p.chosen.program] / ms[everything.program])
                     if best is not None:
                         row.update(best_fixed=best.label, best_fixed_ms=ms[best.program],
                                    ratio_to_best_fixed=ms[p.chosen.program] / ms[best.program])
@@ -88,19 +106,24 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "plans.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    lines = ["| model | depth | budget | plan | temp MiB (limit) | plan ms | best fixed that fits | its ms | ratio "
-             "| vs nothing |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | depth | budget | plan | temp MiB (limit) | plan ms | compile-everything's plan | its ms "
+             "| ratio | planning s (compile-everything s) | best fixed that fits | its ms | ratio | vs nothing |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     mib = 2**20
     for r in rows:
         if not r["feasible"]:
             lines.append(f"| {r['model']} | {r['depth']} | {r['budget']} | cannot be met: minimum "
                          f"{r['minimum_bytes'] / mib:.1f} MiB ({r['minimum_bytes'] / r['none_temp_bytes']:.2f}) | "
-                         f"- ({r['limit_bytes'] / mib:.1f}) | - | - | - | - | - |")
+                         f"- ({r['limit_bytes'] / mib:.1f}) | - | "
+                         f"{'feasible' if r['exhaustive_feasible'] else 'cannot be met either'}: minimum "
+                         f"{r['exhaustive_minimum_bytes'] / mib:.1f} MiB | - | - | {r['plan_s']} ({r['exhaustive_s']}) "
+                         "| - | - | - | - |")
             continue
         lines.append(
             f"| {r['model']} | {r['depth']} | {r['budget']} | {r['chosen']} | "
             f"{r['chosen_temp_bytes'] / mib:.1f} ({r['limit_bytes'] / mib:.1f}) | {r['chosen_ms']:.1f} | "
+            f"{r.get('exhaustive_chosen', '-')} | {r.get('exhaustive_ms', float('nan')):.1f} | "
+            f"{r.get('ratio_to_exhaustive', float('nan')):.3f} | {r['plan_s']} ({r['exhaustive_s']}) | "
             f"{r.get('best_fixed', '-')} | {r.get('best_fixed_ms', float('nan')):.1f} | "
             f"{r.get('ratio_to_best_fixed', float('nan')):.2f} | {r.get('ratio_to_nothing', float('nan')):.2f} |")
     with open(os.path.join(args.out, "plans.md"), "w") as f:

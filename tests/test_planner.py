@@ -45,7 +45,7 @@ def test_apply_policies_keeps_gradients():
 
 @pytest.mark.slow
 def test_plan_fits_or_says_why_and_gradients_match():
-    p = plan(loss, WS, X, memory_budget=1.0, repeat=2, budget_fractions=(0.5,))
+    p = plan(loss, WS, X, memory_budget=1.0, repeat=2, budget_fractions=(0.5,), exhaustive=True)
     assert p.feasible and p.chosen.temp_bytes <= p.limit_bytes
     assert p.chosen.measured_ms == min(c.measured_ms for c in p.candidates if c.fits)
     labels = {c.label for c in p.candidates}
@@ -61,7 +61,7 @@ def test_plan_fits_or_says_why_and_gradients_match():
     assert all(c.predicted_ms > 0 for c in p.candidates)
     # the timed executables are the compiled candidates themselves (no second compile)
     assert all(c.compiled is not None for c in p.candidates)
-    tiny = plan(loss, WS, X, memory_budget=1e-6, measure=False, budget_fractions=())
+    tiny = plan(loss, WS, X, memory_budget=1e-6, measure=False, budget_fractions=(), exhaustive=True)
     assert not tiny.feasible and tiny.chosen is None
     assert tiny.minimum_bytes == min(c.temp_bytes for c in tiny.candidates)
     with pytest.raises(ValueError, match="cannot be met"):
@@ -151,7 +151,7 @@ def test_plan_tries_the_checkpoint_names_the_step_tags():
     from remat.analysis import checkpoint_names
 
     assert checkpoint_names(tagged_loss, WS, X) == ["hidden", "out"]
-    p = plan(tagged_loss, WS, X, memory_budget=1.0, repeat=1, budget_fractions=())
+    p = plan(tagged_loss, WS, X, memory_budget=1.0, repeat=1, budget_fractions=(), exhaustive=True)
     by_label = {c.label: c for c in p.candidates}
     both, hidden = by_label["all: names:hidden,out"], by_label["all: names:hidden"]
     assert "all: names:out" in by_label
@@ -207,7 +207,8 @@ def test_plan_re_decides_checkpoint_sequential_segments():
 
 @pytest.mark.slow
 def test_equal_programs_are_timed_once_and_share_their_time():
-    p = plan(loss, WS, X, memory_budget=1.0, repeat=2, budget_fractions=(), policies=("nothing", "dots"))
+    p = plan(loss, WS, X, memory_budget=1.0, repeat=2, budget_fractions=(), policies=("nothing", "dots"),
+             exhaustive=True)
     by_label = {c.label: c for c in p.candidates}
     # remat.checkpoint's default policy is "nothing": the same program, spelled twice
     written, nothing, dots = by_label["as written"], by_label["all: nothing"], by_label["all: dots"]
@@ -243,7 +244,7 @@ def test_plan_weighs_binomial_scan_schedules():
 
 
 def test_budget_zero_is_the_leanest_plan_and_whole_step_keeps_only_inputs():
-    p = plan(loss, WS, X, memory_budget=0, measure=False, policies=("nothing",), budget_fractions=())
+    p = plan(loss, WS, X, memory_budget=0, measure=False, policies=("nothing",), budget_fractions=(), exhaustive=True)
     by = {c.label: c for c in p.candidates}
     nothing, none = by["all: nothing"], by["no checkpoint"]
     whole_plain = by["whole step: nothing, regions no_checkpoint"]
@@ -270,7 +271,8 @@ def test_budget_zero_is_the_leanest_plan_and_whole_step_keeps_only_inputs():
 
 @pytest.mark.slow
 def test_equal_lowerings_compile_once_and_early_rejection_changes_no_plan():
-    full = plan(loss, WS, X, memory_budget=0.4, measure=False, budget_fractions=(0.5,), early_reject=False)
+    full = plan(loss, WS, X, memory_budget=0.4, measure=False, budget_fractions=(0.5,), early_reject=False,
+                exhaustive=True)
     by = {c.label: c for c in full.candidates}
     # written with remat.checkpoint's default policy: "as written" is "all: nothing", compiled once
     assert by["as written"].lowered == by["all: nothing"].lowered
@@ -280,7 +282,7 @@ def test_equal_lowerings_compile_once_and_early_rejection_changes_no_plan():
     none = by["no checkpoint"]
     folded = min(1.0, none.temp_bytes / none.residual_bytes)
     assert all(c.temp_bytes >= folded * c.residual_bytes for c in full.candidates)
-    lean = plan(loss, WS, X, memory_budget=0.4, measure=False, budget_fractions=(0.5,))
+    lean = plan(loss, WS, X, memory_budget=0.4, measure=False, budget_fractions=(0.5,), exhaustive=True)
     rejected = [c for c in lean.candidates if c.compiled is None]
     assert rejected and all(not c.fits and c.temp_bytes is None for c in rejected)
     assert all(not by[c.label].fits for c in rejected if c.label in by)

@@ -42,10 +42,14 @@ def test_the_plan_says_why_and_what_each_region_keeps():
     p = plan(loss, WS, X, memory_budget=0.9, measure=False)
     assert p.feasible and p.plan_s > 0 and p.compile_s > 0
     up = p.runner_up
-    assert up is not None and up.fits and up.program != p.chosen.program
-    assert up.predicted_ms >= p.chosen.predicted_ms
+    assert up is not None and up.label != p.chosen.label
     why = p.why()
-    assert why[0].startswith(f"runner-up: {up.label}")
+    if up.compiled is not None:
+        assert up.fits and up.program != p.chosen.program and up.predicted_ms >= p.chosen.predicted_ms
+        assert why[0].startswith(f"runner-up: {up.label}")
+    else:  # the default search's model's runner-up, predicted to fit and no faster
+        assert up.estimated_temp_bytes <= p.limit_bytes and up.estimated_ms >= p.chosen.estimated_ms
+        assert why[0].startswith(f"runner-up (predicted, not compiled): {up.label}")
     over = p.faster_over_limit
     if over is not None:
         assert over.temp_bytes > p.limit_bytes and over.predicted_ms < p.chosen.predicted_ms
@@ -75,15 +79,17 @@ def test_plan_cli_json_reports_plan_and_compile_seconds_and_regions(capsys):
 
 
 @pytest.mark.slow
-def test_the_finalists_search_compiles_fewer_programs_and_fits():
-    full = plan(loss, WS, X, memory_budget=0.6, measure=False)
-    fast = plan(loss, WS, X, memory_budget=0.6, measure=False, exhaustive=False)
+def test_the_default_search_compiles_few_programs_and_stays_near_the_exhaustive_one():
+    full = plan(loss, WS, X, memory_budget=0.6, measure=False, exhaustive=True)
+    fast = plan(loss, WS, X, memory_budget=0.6, measure=False)
 
     def compiled(p):
         return len({c.program for c in p.candidates if c.compiled is not None})
 
     assert compiled(fast) < compiled(full)
     assert fast.feasible and fast.chosen.temp_bytes <= fast.limit_bytes
-    # every candidate left uncompiled was estimated, before compiling, from its trace and lowering
-    left = [c for c in fast.candidates if c.compiled is None]
-    assert left and all(c.estimated_ms is not None and c.estimated_temp_bytes is not None for c in left)
+    # chosen by XLA's predicted time here (measure=False), within 5% of the full search's choice
+    assert fast.chosen.predicted_ms <= 1.05 * full.chosen.predicted_ms
+    # every finalist carries the model's prediction beside what its compile showed
+    finalists = [c for c in fast.candidates if c.compiled is not None and c.label != "no checkpoint"]
+    assert finalists and all(c.estimated_temp_bytes is not None and c.estimated_ms is not None for c in finalists)

@@ -8,8 +8,10 @@ guide, with the candidate families and how the search weighs them, is ``docs/pla
 The modules: ``steering`` (what a candidate changes in a trace), ``_families`` (the
 candidates), ``_search`` (tracing, early rejection, one compile per distinct program),
 ``programs`` (fingerprints, predicted and measured times), ``_planner`` (:func:`plan`) and
-``_plan`` (:class:`Plan`), ``_mixed`` (mixed per-region assignments from a cost
-model) and ``_regions`` (each region's choice and bytes).
+``_plan`` (:class:`Plan`), ``_mixed`` (the first-k assignments of the compile-everything
+search), the default search's ``_fast`` (its per-region model and finalists), ``_costs``
+(each region's recompute time under each policy) and ``_assign`` (the exact per-region
+assignment), and ``_regions`` (each region's choice and bytes).
 """
 from __future__ import annotations
 

@@ -78,6 +78,20 @@ class PlanCandidate:
                 "measured_ms": self.measured_ms, "fits": self.fits, "program": self.program,
                 "estimated_temp_bytes": self.estimated_temp_bytes, "estimated_ms": self.estimated_ms}
 
-    def speed_ms(self) -> float | None:
-        """The measured time, else the predicted one."""
-        return self.measured_ms if self.measured_ms is not None else self.predicted_ms
+    def speed_ms(self) -> float:
+        """The measured time, else the predicted one (inf: neither, not compiled)."""
+        if self.measured_ms is not None:
+            return self.measured_ms
+        return self.predicted_ms if self.predicted_ms is not None else float("inf")
+
+    def compiled_temp_bytes(self) -> int:
+        """The compiled temp bytes of a candidate that compiled (a ValueError otherwise)."""
+        if self.temp_bytes is None:
+            raise ValueError(f"candidate {self.label!r} was not compiled")
+        return self.temp_bytes
+
+    def compiled_ms(self) -> float:
+        """The compiled program's predicted time (a ValueError when it did not compile)."""
+        if self.predicted_ms is None:
+            raise ValueError(f"candidate {self.label!r} was not compiled")
+        return self.predicted_ms

@@ -53,11 +53,18 @@ class Plan:
 
     @property
     def runner_up(self) -> PlanCandidate | None:
-        """The next best fitting candidate: the fastest whose program is not the chosen one's."""
+        """The next best fitting candidate: the fastest compiled one whose program is not the
+        chosen one's, else the fastest one the default search's model predicts to fit."""
         if self.chosen is None:
             return None
         others = [c for c in self.candidates if c.fits and c.program != self.chosen.program]
-        return min(others, key=PlanCandidate.speed_ms, default=None)
+        if others:
+            return min(others, key=PlanCandidate.speed_ms)
+        # the default search compiles little: the fastest other candidate its model
+        # predicts to fit, not compiled
+        predicted = [c for c in self.candidates if c.compiled is None and c.estimated_ms is not None
+                     and c.estimated_temp_bytes is not None and c.estimated_temp_bytes <= self.limit_bytes]
+        return min(predicted, key=lambda c: c.estimated_ms or 0.0, default=None)
 
     @property
     def faster_over_limit(self) -> PlanCandidate | None:
@@ -65,9 +72,10 @@ class Plan:
         by the fewest bytes: what a little more memory would buy."""
         if self.chosen is None:
             return None
+        chosen_ms = self.chosen.compiled_ms()
         faster = [c for c in self.candidates if c.temp_bytes is not None and not c.fits
-                  and c.predicted_ms < self.chosen.predicted_ms]
-        return min(faster, key=lambda c: c.temp_bytes, default=None)
+                  and c.compiled_ms() < chosen_ms]
+        return min(faster, key=PlanCandidate.compiled_temp_bytes, default=None)
 
     def why(self) -> list[str]:
         """What the alternatives would have cost: the runner-up's time, the nearest faster
@@ -76,15 +84,21 @@ class Plan:
         if self.chosen is None:
             return lines
         up = self.runner_up
-        if up is not None:
+        if up is not None and up.compiled is None and up.estimated_ms is not None:
+            chosen_ms = self.chosen.estimated_ms or self.chosen.compiled_ms()
+            lines.append(f"runner-up (predicted, not compiled): {up.label} "
+                         f"({format_bytes(up.estimated_temp_bytes or 0)} predicted), "
+                         f"{100 * (up.estimated_ms / chosen_ms - 1):+.1f}% predicted step time")
+        elif up is not None:
             chosen_ms, up_ms = self.chosen.speed_ms(), up.speed_ms()
             kind = "measured" if up.measured_ms is not None else "predicted"
-            lines.append(f"runner-up: {up.label} ({format_bytes(up.temp_bytes)}), "
+            lines.append(f"runner-up: {up.label} ({format_bytes(up.compiled_temp_bytes())}), "
                          f"{100 * (up_ms / chosen_ms - 1):+.1f}% step time ({kind} {up_ms:.2f} ms)")
         over = self.faster_over_limit
         if over is not None:
-            lines.append(f"faster but over the limit: {over.label}, {format_bytes(over.temp_bytes - self.limit_bytes)} "
-                         f"over ({100 * (over.predicted_ms / self.chosen.predicted_ms - 1):+.1f}% predicted time)")
+            over_bytes = over.compiled_temp_bytes() - self.limit_bytes
+            lines.append(f"faster but over the limit: {over.label}, {format_bytes(over_bytes)} over "
+                         f"({100 * (over.compiled_ms() / self.chosen.compiled_ms() - 1):+.1f}% predicted time)")
         return lines
 
     def to_dict(self) -> dict[str, Any]:

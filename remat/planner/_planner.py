@@ -8,13 +8,14 @@ from typing import Any
 
 from remat.analysis.budget import calibrate_once
 from remat.planner._candidate import PlanCandidate
+from remat.planner._costs import recompute_ms
 from remat.planner._families import family_specs, no_checkpoint_spec
-from remat.planner._finalists import finalists
+from remat.planner._fast import fast_search
 from remat.planner._mixed import mixed_spec, mixed_specs, uniform_costs
 from remat.planner._plan import Plan
 from remat.planner._search import CandidateSearch
 from remat.planner.programs import time_side_by_side
-from remat.planner.steering import _survey
+from remat.planner.steering import NONE, _survey
 from remat.policies import PolicySpec
 
 
@@ -30,7 +31,7 @@ def plan(
     cache: dict[str, PlanCandidate] | None = None,
     early_reject: bool = True,
     progress: Callable[[str], None] | None = None,
-    exhaustive: bool = True,
+    exhaustive: bool = False,
 ) -> Plan:
     """Finds the fastest way to checkpoint ``step_fn`` whose compiled temp memory fits.
 
@@ -54,11 +55,13 @@ def plan(
         all when nothing else fits.
       progress: called with one line (candidates compiled out of those weighed, the best
         plan so far) after each batch of compiles; e.g. ``print`` to stderr.
-      exhaustive: compile every candidate (the default). False compiles only finalists:
-        each candidate is traced and lowered, its temp bytes and time estimated from its
-        residual bytes and its lowered program's cost, and the ones estimated fastest
-        within the limit compile (two at a time) until two fit (``remat plan --finalists``;
-        experimental, see ``docs/planner.md``).
+      exhaustive: compile every candidate of the families (``remat plan --exhaustive``).
+        The default, for a step whose regions are all there is to decide (no scan over
+        layers, no ``checkpoint_sequential``), traces each of ``policies`` (and the
+        step's ``checkpoint_name`` tags) once on every region, solves for the fastest
+        per-region assignment predicted to fit, and compiles only that one and the next
+        leaner one to confirm (``docs/planner.md``, "The default search"); other steps,
+        and ``exhaustive=True``, compile every candidate.
 
     Returns:
       A :class:`Plan`; ``plan.apply(step_fn)`` runs the step the planned way.
@@ -78,26 +81,32 @@ def plan(
         raise ValueError("plan() found no remat.checkpoint region or remat.scan_layers in step_fn: "
                          "checkpoint its blocks first")
     calibrate_once()  # predicted_ms at this machine's FLOP and byte rates, not defaults
-    search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache, early_reject, lean=budget == 0,
-                             progress=progress)
-    none = search.evaluate(no_checkpoint_spec(survey))
-    limit = int(budget * none.temp_bytes)
-    search.calibrate(none, limit)
-    specs = family_specs(survey, policies, budget_fractions)
-    if exhaustive:
-        pool = [none, *search.evaluate_many(specs)]
+    fast = not exhaustive and n > 0 and not survey.scan_depths and not survey.sequential_lengths
+    options = [*policies, *([tuple(survey.names)] if survey.names else [])]
+    recompute = recompute_ms(step_fn, args, n, [NONE, *options]) if fast else None
+    fast = recompute is not None
+    search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache,
+                             early_reject and not fast, lean=budget == 0, progress=progress)
+    if fast:
+        assert recompute is not None
+        none, pool = fast_search(search, survey, options, budget, recompute)
+        pool = [none, *pool]
+    else:
+        none = search.evaluate(no_checkpoint_spec(survey))
+        search.calibrate(none, int(budget * none.compiled_temp_bytes()))
+        pool = [none, *search.evaluate_many(family_specs(survey, policies, budget_fractions))]
         if not survey.scan_depths:
             # the leanest: mixed within the least temp memory compiled so far (the last
             # region kept, say, may need no more memory than all rematerialized)
+            limit = int(budget * none.compiled_temp_bytes())
             pool += _mixed(search, pool, n, limit if budget > 0 else int(1.01 * search.least))
-    else:
-        pool = [none, *finalists(search, specs, n, limit, mixed=budget > 0 and not survey.scan_depths)]
+    limit = int(budget * none.compiled_temp_bytes())
     if budget == 0:
         # the leanest: the least temp memory any candidate reached, with 1% of slack so
         # that programs differing by a few bytes of bookkeeping are all weighed
         limit = int(1.01 * search.least)
     pool = list({c.label: c for c in pool}.values())  # a policy listed twice is weighed once
-    if not any(c.fits_in(limit) for c in pool) and any(c.compiled is None for c in pool):
+    if not fast and not any(c.fits_in(limit) for c in pool) and any(c.compiled is None for c in pool):
         # nothing fits: the minimum reported must be the true one, so the rejected compile too
         search.early_reject = False
         again = iter(search.evaluate_many([c.spec for c in pool if c.compiled is None]))
@@ -106,7 +115,7 @@ def plan(
     if measure:
         pool = _timed(pool, args, repeat)
     chosen = _choose([c for c in pool if c.fits], measured=measure)
-    return Plan(memory_budget=float(budget), limit_bytes=limit, none_temp_bytes=none.temp_bytes,
+    return Plan(memory_budget=float(budget), limit_bytes=limit, none_temp_bytes=none.compiled_temp_bytes(),
                 num_regions=n, feasible=chosen is not None, chosen=chosen, candidates=tuple(pool),
                 minimum_bytes=min(c.temp_bytes for c in pool if c.temp_bytes is not None),
                 plan_s=time.perf_counter() - started, compile_s=none.compile_s)
@@ -128,11 +137,12 @@ def _mixed(search: CandidateSearch, pool: list[PlanCandidate], n: int, limit: in
 
 
 def _timed(pool: list[PlanCandidate], args: tuple, repeat: int) -> list[PlanCandidate]:
-    """The fitting candidates with their measured times: one program is timed once,
+    """The fitting candidates with their measured times, when more than one program fits:
+    one program is timed once,
     whatever its spellings (timing it against itself would only let the machine's noise
     choose among equal programs)."""
     programs = {c.program: c.compiled for c in pool if c.fits}
-    if not programs:
+    if len(programs) < 2:  # nothing to choose between: the one program that fits is the plan
         return pool
     times = dict(zip(programs, time_side_by_side(list(programs.values()), args, repeat)))
     return [dataclasses.replace(c, measured_ms=times.get(c.program) if c.fits else None) for c in pool]
@@ -143,5 +153,5 @@ def _choose(fitting: list[PlanCandidate], measured: bool) -> PlanCandidate | Non
     within 1% of the least temp memory); among equally fast ones, the fewest residual bytes."""
     if not fitting:
         return None
-    speed = (lambda c: c.measured_ms) if measured else (lambda c: c.predicted_ms)
-    return min(fitting, key=lambda c: (speed(c), c.residual_bytes))
+    speed = PlanCandidate.speed_ms if measured else PlanCandidate.compiled_ms
+    return min(fitting, key=lambda c: (speed(c), c.residual_bytes or 0))

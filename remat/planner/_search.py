@@ -60,7 +60,7 @@ class CandidateSearch:
         estimates before compiling scale by."""
         self.ceiling = self.limit = limit
         self.none = none
-        self.folded = min(1.0, none.temp_bytes / max(none.residual_bytes, 1))
+        self.folded = min(1.0, none.compiled_temp_bytes() / max(_residuals(none), 1))
         cost = none.compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost
         lowered_bytes = none.estimated_cost[1] if none.estimated_cost else 0.0
@@ -69,7 +69,7 @@ class CandidateSearch:
 
     def predicted_temp_bytes(self, c: PlanCandidate) -> float:
         """A lower estimate of ``c``'s compiled temp bytes, from its residual bytes alone."""
-        return c.residual_bytes * self.folded
+        return _residuals(c) * self.folded
 
     def _rejected(self, c: PlanCandidate) -> bool:
         if self.lean:
@@ -101,7 +101,9 @@ class CandidateSearch:
         lowered = lower_step(planned, self.args, self.argnums)
         key = lowered_fingerprint(lowered)
         self._lowered[key] = lowered
-        c = self.cache[c.label] = dataclasses.replace(c, lowered=key, **self.estimate(c, lowered))
+        # an estimate made before (the default search's, from its per-region model) stays
+        estimates = {k: v for k, v in self.estimate(c, lowered).items() if getattr(c, k) is None}
+        c = self.cache[c.label] = dataclasses.replace(c, lowered=key, **estimates)
         return c, key
 
     def estimate(self, c: PlanCandidate, lowered: Any) -> dict[str, Any]:
@@ -115,8 +117,8 @@ class CandidateSearch:
         out: dict[str, Any] = {"estimated_cost": (flops, moved)}
         if self.none is not None:
             none = self.none
-            out["estimated_temp_bytes"] = int(max(0.0, none.temp_bytes
-                                                  - self.folded * (none.residual_bytes - c.residual_bytes)))
+            out["estimated_temp_bytes"] = int(max(0.0, none.compiled_temp_bytes()
+                                                  - self.folded * (_residuals(none) - _residuals(c))))
             rate = rates()
             out["estimated_ms"] = 1e3 * (flops / rate["flops_per_s"] + moved * self.fused / rate["bytes_per_s"])
         return out
@@ -124,36 +126,46 @@ class CandidateSearch:
     def evaluate_many(self, specs: Sequence[CandidateSpec]) -> list[PlanCandidate]:
         """The candidates of ``specs``: traced and lowered one by one (the hooks steer one
         trace at a time), the distinct programs compiled together."""
+        return self.start(specs)()
+
+    def start(self, specs: Sequence[CandidateSpec]) -> Callable[[], list[PlanCandidate]]:
+        """Traces and lowers ``specs`` here, compiles their distinct new programs on a
+        background thread (XLA releases the GIL, so tracing can go on meanwhile), and
+        returns a function that waits for the compiles and gives the candidates."""
         staged = [self.preview(spec) for spec in specs]
         # spelled differently, lowered the same ("as written" and "all: nothing" often): one
-        # compile; the distinct new programs compile side by side (XLA releases the GIL)
+        # compile; the distinct new programs compile side by side
         known = {o.lowered: o for o in self.cache.values() if o.compiled is not None}
         todo = {key: self._lowered[key] for _, key in staged if key is not None and key not in known}
-        started = time.perf_counter()
-        programs = compile_all(list(todo.values()))
-        alone_s = time.perf_counter() - started if len(todo) == 1 else None
-        for key, compiled in zip(todo, programs):
-            # one compile gives the exact temp bytes, the FLOPs/bytes for the time model and
-            # the executable that is timed
-            known[key] = PlanCandidate("", (), temp_bytes=CompiledMemory.from_compiled(compiled).temp_bytes,
-                                       predicted_ms=_predicted_ms(compiled), program=program_fingerprint(compiled),
-                                       lowered=key, compiled=compiled, compile_s=alone_s)
-            del self._lowered[key]  # compiled: the lowering is no longer needed
-        self.compiles += len(todo)
-        out = []
-        for c, key in staged:
-            if key is not None:
-                k = known[key]
-                c = self.cache[c.label] = dataclasses.replace(
-                    self.cache[c.label], temp_bytes=k.temp_bytes, predicted_ms=k.predicted_ms, program=k.program,
-                    lowered=key, compiled=k.compiled, compile_s=k.compile_s)
-            if c.temp_bytes is not None:
-                self.least = min(self.least, c.temp_bytes)
-            self.evaluated[c.label] = c
-            out.append(c)
-        if todo and self.progress is not None:
-            self.progress(self._progress_line())
-        return out
+        future = _BACKGROUND.submit(_timed_compile_all, list(todo.values()))
+
+        def finish() -> list[PlanCandidate]:
+            programs, seconds = future.result()
+            alone_s = seconds if len(todo) == 1 else None
+            for key, compiled in zip(todo, programs):
+                # one compile gives the exact temp bytes, the FLOPs/bytes for the time model and
+                # the executable that is timed
+                known[key] = PlanCandidate("", (), temp_bytes=CompiledMemory.from_compiled(compiled).temp_bytes,
+                                           predicted_ms=_predicted_ms(compiled), program=program_fingerprint(compiled),
+                                           lowered=key, compiled=compiled, compile_s=alone_s)
+                self._lowered.pop(key, None)  # compiled: the lowering is no longer needed
+            self.compiles += len(todo)
+            out = []
+            for c, key in staged:
+                if key is not None:
+                    k = known[key]
+                    c = self.cache[c.label] = dataclasses.replace(
+                        self.cache[c.label], temp_bytes=k.temp_bytes, predicted_ms=k.predicted_ms,
+                        program=k.program, lowered=key, compiled=k.compiled, compile_s=k.compile_s)
+                if c.temp_bytes is not None:
+                    self.least = min(self.least, c.temp_bytes)
+                self.evaluated[c.label] = c
+                out.append(c)
+            if todo and self.progress is not None:
+                self.progress(self._progress_line())
+            return out
+
+        return finish
 
     def evaluate(self, spec: CandidateSpec) -> PlanCandidate:
         return self.evaluate_many([spec])[0]
@@ -164,10 +176,28 @@ class CandidateSearch:
         if self.limit is not None:
             fitting = [c for c in self.evaluated.values() if c.fits_in(self.limit)]
             if fitting:
-                best = min(fitting, key=lambda c: c.predicted_ms)
-                line += (f"; best so far: {best.label} ({best.temp_bytes / 2**20:.1f} MiB, "
-                         f"{best.predicted_ms:.2f} ms predicted)")
+                best = min(fitting, key=PlanCandidate.compiled_ms)
+                line += (f"; best so far: {best.label} ({best.compiled_temp_bytes() / 2**20:.1f} MiB, "
+                         f"{best.compiled_ms():.2f} ms predicted)")
         return line
+
+
+def _residuals(c: PlanCandidate) -> int:
+    """The residual bytes of a traced candidate (every candidate is traced first)."""
+    assert c.residual_bytes is not None, f"candidate {c.label!r} was not traced"
+    return c.residual_bytes
+
+
+#: Compiles started by :meth:`CandidateSearch.start` run here while the caller traces the
+#: next candidates; two batches (the un-checkpointed step and the first finalists) overlap.
+_BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1),
+                                                    thread_name_prefix="remat-plan-compile")
+
+
+def _timed_compile_all(lowered: list[Any]) -> tuple[list[Any], float]:
+    started = time.perf_counter()
+    programs = compile_all(lowered)
+    return programs, time.perf_counter() - started
 
 
 def compile_all(lowered: list[Any]) -> list[Any]:

@@ -1,0 +1,141 @@
+"""The exact per-region assignment: the fastest choice for every region whose predicted peak fits a limit."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+
+class RegionOption(NamedTuple):
+    """One choice for one region: what it keeps for its backward pass and what it costs.
+
+    Attributes:
+      kept: bytes the region keeps from its forward pass to its backward pass.
+      ms: the region's predicted share of the step time under this choice.
+    """
+
+    kept: float
+    ms: float
+
+
+class Assignment(NamedTuple):
+    """A choice for every region, by index into that region's options, and its predictions.
+
+    Attributes:
+      choice: the option index of each region, in trace order.
+      peak: the predicted peak (:func:`peak`), in the units of ``RegionOption.kept``.
+      ms: the predicted step time, the sum of the regions' ``ms``.
+    """
+
+    choice: tuple[int, ...]
+    peak: float
+    ms: float
+
+
+def peak(kept: Sequence[float], working: Sequence[float]) -> float:
+    """The predicted peak of a step whose regions keep ``kept`` bytes each, in order.
+
+    While region ``i`` runs (its forward, or its backward with its forward recomputed),
+    every earlier region's kept values are live and so is region ``i``'s whole working set
+    (``working[i]``: what it would keep un-checkpointed); at the turn from the forward to
+    the backward pass every region's kept values are live. The peak is the largest of
+    those sums. So what the last region keeps costs nothing beyond its working set: its
+    backward follows its forward at once.
+
+    Args:
+      kept: each region's kept bytes.
+      working: each region's working set (its kept bytes un-checkpointed).
+
+    Returns:
+      ``max(max_i(sum(kept[:i]) + working[i]), sum(kept))``.
+
+    Example:
+      >>> peak([1, 1, 1], [4, 4, 4])
+      6.0
+    """
+    cum, top = 0.0, 0.0
+    for k, w in zip(kept, working):
+        top = max(top, cum + w)
+        cum += k
+    return max(top, cum)
+
+
+def fastest_within(options: Sequence[Sequence[RegionOption]], working: Sequence[float],
+                   limit: float) -> Assignment | None:
+    """The predicted-fastest assignment whose :func:`peak` is at most ``limit``: exact.
+
+    A dynamic program over the regions in order: a partial assignment is a state
+    ``(kept so far, time so far)``, and a state that keeps no less and is no faster than
+    another is dropped (every completion of it is feasible for the other, and slower), so
+    what is left after the last region holds the optimum. Each step checks that the
+    region's working set fits on top of what the earlier regions keep. Ties on time go to
+    the fewer kept bytes.
+
+    Args:
+      options: each region's choices.
+      working: each region's working set.
+      limit: the largest peak allowed.
+
+    Returns:
+      The assignment, or None when none fits.
+
+    Example:
+      >>> opts = [RegionOption(0, 3.0), RegionOption(4, 1.0)]   # recompute, or keep
+      >>> fastest_within([opts] * 3, [4] * 3, 4).choice           # the last one kept for free
+      (0, 0, 1)
+    """
+    states: list[tuple[float, float, tuple[int, ...]]] = [(0.0, 0.0, ())]
+    top = [0.0]  # the peak so far of each state
+    for choices, w in zip(options, working):
+        grown = []
+        for (cum, ms, choice), high in zip(states, top):
+            if cum + w > limit:
+                continue
+            for j, o in enumerate(choices):
+                grown.append((cum + o.kept, ms + o.ms, choice + (j,), max(high, cum + w)))
+        # the Pareto front in (kept so far, time so far); the peak so far is at most the
+        # limit for every state left, so it needs no third dimension
+        grown.sort(key=lambda s: (s[0], s[1]))
+        states, top, best_ms = [], [], float("inf")
+        for cum, ms, choice, high in grown:
+            if ms < best_ms:
+                states.append((cum, ms, choice))
+                top.append(high)
+                best_ms = ms
+        if not states:
+            return None
+    final = [(ms, cum, choice, max(high, cum)) for (cum, ms, choice), high in zip(states, top) if cum <= limit]
+    if not final:
+        return None
+    ms, _, choice, high = min(final, key=lambda s: (s[0], s[1]))
+    return Assignment(choice, high, ms)
+
+
+def leanest(options: Sequence[Sequence[RegionOption]], working: Sequence[float]) -> Assignment:
+    """The assignment of least :func:`peak`, the fastest among those: each region's option
+    that keeps least minimizes every prefix sum at once, so its peak is the least there is.
+
+    Example:
+      >>> opts = [RegionOption(0, 3.0), RegionOption(4, 1.0)]
+      >>> leanest([opts] * 3, [4] * 3).peak
+      4.0
+    """
+    least = peak([min(o.kept for o in choices) for choices in options], working)
+    found = fastest_within(options, working, least)
+    assert found is not None  # the least-keeping choices meet their own peak
+    return found
+
+
+def describe(labels: Sequence[str]) -> str:
+    """A short label for an assignment: runs of equal choices, e.g. ``"nothing x3, dots"``.
+
+    Example:
+      >>> describe(["nothing", "nothing", "nothing", "dots"])
+      'nothing x3, dots'
+    """
+    runs: list[list] = []
+    for label in labels:
+        if runs and runs[-1][0] == label:
+            runs[-1][1] += 1
+        else:
+            runs.append([label, 1])
+    return ", ".join(label if count == 1 else f"{label} x{count}" for label, count in runs)

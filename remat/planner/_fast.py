@@ -1,0 +1,275 @@
+"""The planner's default search: per-region costs from one trace per policy, the exact assignment, a few compiles."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from remat.planner._assign import Assignment, RegionOption, describe, fastest_within, peak
+from remat.planner._candidate import CandidateSpec, PlanCandidate
+from remat.planner._families import no_checkpoint_spec
+from remat.planner._search import CandidateSearch
+from remat.planner.programs import _spec_label
+from remat.planner.steering import NONE, _Survey
+
+#: Rounds of confirming compiles; after each round that finds nothing that fits, the
+#: next two assignments down the model's front compile.
+ROUNDS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionModel:
+    """What one region costs under each option, from the uniform candidates' traces.
+
+    Attributes:
+      policies: the options, ``NONE`` (not checkpointed) first.
+      options: per region, per option, its kept bytes and predicted time.
+      working: per region, its working set: what it keeps un-checkpointed.
+      scale: compiled temp bytes per byte of predicted peak.
+      offset: compiled temp bytes besides (``temp = offset + scale * peak``).
+    """
+
+    policies: tuple[Any, ...]
+    options: tuple[tuple[RegionOption, ...], ...]
+    working: tuple[float, ...]
+    scale: float
+    offset: float = 0.0
+
+    def spec(self, a: Assignment) -> CandidateSpec:
+        """The candidate that runs assignment ``a``."""
+        policies = tuple(self.policies[j] for j in a.choice)
+        labels = [_spec_label(p) for p in policies]
+        if len(set(labels)) == 1:
+            label = "no checkpoint" if policies[0] is NONE else f"all: {labels[0]}"
+        else:
+            label = f"regions: {describe(labels)}"
+        return CandidateSpec(label, policies)
+
+    def assignment(self, choice: tuple[int, ...]) -> Assignment:
+        """The assignment ``choice`` (an option index per region) with this model's predictions.
+
+        Where every region costs the same, only how many regions take each option matters
+        (and the last region's option, see :func:`remat.planner._assign.peak`), so the
+        others are put in one order: the leanest first.
+        """
+        if len(set(self.options)) == 1 and len(set(self.working)) == 1 and len(choice) > 2:
+            opts = self.options[0]
+            choice = (*sorted(choice[:-1], key=lambda j: (opts[j].kept, j)), choice[-1])
+        kept = [self.options[i][j].kept for i, j in enumerate(choice)]
+        return Assignment(choice, peak(kept, self.working), sum(self.options[i][j].ms for i, j in enumerate(choice)))
+
+    def temp_bytes(self, a: Assignment) -> int:
+        """The compiled temp bytes ``a`` is predicted to need."""
+        return int(self.offset + self.scale * a.peak)
+
+    def fitted(self, points: Sequence[tuple[float, float]]) -> RegionModel:
+        """This model with ``offset`` and ``scale`` fitted (least squares) to compiled
+        ``(predicted peak, temp bytes)`` points; unchanged when they cannot fix a line
+        with a positive slope."""
+        if len({p for p, _ in points}) < 2:
+            return self
+        mean_p = sum(p for p, _ in points) / len(points)
+        mean_t = sum(t for _, t in points) / len(points)
+        slope = (sum((p - mean_p) * (t - mean_t) for p, t in points)
+                 / sum((p - mean_p) ** 2 for p, _ in points))
+        if slope <= 0:
+            return self
+        return dataclasses.replace(self, scale=slope, offset=mean_t - slope * mean_p)
+
+
+def region_model(none: PlanCandidate, uniform: Sequence[PlanCandidate], recompute: list[list[float]]) -> RegionModel:
+    """The per-region costs: each option's residual bytes (one trace with every region
+    under it) split evenly over the regions, and each region's recompute time under it
+    (:func:`remat.planner._costs.recompute_ms`); a region's working set is what it keeps
+    un-checkpointed.
+
+    Args:
+      none: the un-checkpointed step, traced (and compiled: else ``scale`` is 1 and the
+        predicted times leave out the step's own time).
+      uniform: one candidate per option but ``NONE``, traced with every region under it.
+      recompute: ``[region][option]`` recompute ms, ``NONE`` first.
+
+    Returns:
+      The model; its ``scale`` makes the un-checkpointed step's predicted peak its
+      compiled temp bytes.
+    """
+    n = len(recompute)
+    pool = [none, *uniform]
+    base = (none.predicted_ms or 0.0) / n  # each region's share of the step's own time
+    options = tuple(tuple(RegionOption(_residuals(c) / n, base + row[j]) for j, c in enumerate(pool))
+                    for row in recompute)
+    scale = none.compiled_temp_bytes() / max(_residuals(none), 1) if none.temp_bytes is not None else 1.0
+    return RegionModel(tuple(c.policies[0] for c in pool), options, (_residuals(none) / n,) * n, scale)
+
+
+def fast_search(search: CandidateSearch, survey: _Survey, policies: Sequence[Any], budget: float,
+                recompute: list[list[float]]) -> tuple[PlanCandidate, list[PlanCandidate]]:
+    """The un-checkpointed step, and the candidates weighed: every option on all regions
+    (traced, compiled only if chosen), the predicted runner-up, and the finalists, compiled.
+
+    Every option is traced once for its residual bytes; :func:`region_model` turns those
+    and ``recompute`` into per-region costs, and :func:`remat.planner._assign.fastest_within` gives the exact
+    fastest assignment whose predicted peak is at most ``budget`` times the
+    un-checkpointed step's, and :func:`_other` a second opinion without the pick's main
+    policy. Neither needs a compile, so both compile in the background, and beside them
+    the un-checkpointed step (the budget's yardstick). If neither fits, the next two
+    assignments down the model's front (the fastest below the least predicted peak that
+    missed, and the fastest leaner than that) compile, at
+    most ``ROUNDS`` rounds in all; if still nothing fits, the leanest
+    assignments compile (every region keeping least, and the same with the last region
+    un-checkpointed), so that the minimum reported is a compiled one. For budget 0 the
+    finalists are the fastest assignment within 1% of the least predicted peak, and the
+    leanest.
+
+    Args:
+      search: the search, not yet calibrated.
+      survey: the step's regions (no scan over layers, no ``checkpoint_sequential``).
+      policies: the options besides ``NONE``.
+      budget: the memory budget, a fraction of the un-checkpointed step's temp bytes.
+      recompute: :func:`remat.planner._costs.recompute_ms` for ``NONE`` and ``policies``.
+
+    Returns:
+      ``(the un-checkpointed step, the candidates)``.
+    """
+    n = survey.regions
+    traced_none = search.trace(no_checkpoint_spec(survey))
+    uniform = [search.trace(CandidateSpec(f"all: {_spec_label(p)}", (p,) * n)) for p in policies]
+    guess = region_model(traced_none, uniform, recompute)
+    bound = _bound(guess, budget)  # in predicted-peak bytes, the same whatever the scale
+    # predicted not to fit at all: the leanest compile at once, for the minimum reported
+    picks = _picks(guess, bound, budget, with_leaner=budget == 0, with_other=True) or _lean_pair(guess)
+    pending = _confirm(search, guess, picks) if picks else None
+    # the pick compiles longer than the un-checkpointed step (it recomputes), so it starts first
+    waiting = search.start([no_checkpoint_spec(survey)])
+    none = waiting()[0]
+    limit = int(budget * none.compiled_temp_bytes())
+    search.calibrate(none, limit)
+    model = region_model(none, uniform, recompute)
+    picks = [model.assignment(a.choice) for a in picks]
+    points = [(model.assignment((0,) * n).peak, float(none.compiled_temp_bytes()))]
+    for a in picks:  # their predictions, now with the step's own time and temp bytes
+        _estimated(search, model, a)
+    finalists: dict[str, PlanCandidate] = {}
+    for round_ in range(ROUNDS):
+        if pending is None:
+            break
+        confirmed = pending()
+        finalists.update((c.label, c) for c in confirmed)
+        if budget == 0 or any(c.fits_in(limit) for c in confirmed) or round_ == ROUNDS - 1:
+            break
+        # none fits: the next two assignments down the model's front, below the least
+        # predicted peak that missed (a walk that skips none, so that a lower budget never
+        # stops above a higher one's plan); their predictions refitted to what compiled
+        points += [(a.peak, c.compiled_temp_bytes()) for a, c in zip(picks, confirmed)]
+        model = model.fitted(points)
+        bound = min(a.peak for a in picks) * (1 - 1e-9)
+        picks = _picks(model, bound, budget, with_leaner=True)
+        pending = _confirm(search, model, picks) if picks else None
+    if budget > 0 and not any(c.fits_in(limit) for c in finalists.values()):
+        finalists.update((c.label, c) for c in _confirm(search, model, _lean_pair(model))())
+    # the model's runner-up: the fastest other assignment predicted to fit, not compiled
+    best = _fastest(model, bound)
+    shown = [search.cache[c.label] for c in uniform if c.label not in finalists]
+    if best is not None:
+        up = _runner_up(model, bound, best, set(finalists))
+        if up is not None:
+            shown.append(_estimated(search, model, up))
+    return none, [*shown, *finalists.values()]
+
+
+def _fastest(model: RegionModel, bound: float) -> Assignment | None:
+    best = fastest_within(model.options, model.working, bound)
+    return None if best is None else model.assignment(best.choice)
+
+
+def _picks(model: RegionModel, bound: float, budget: float, with_leaner: bool,
+           with_other: bool = False) -> list[Assignment]:
+    """The fastest assignment within ``bound``; with ``with_other`` also the fastest one
+    without the policy it uses most (:func:`_other`); with ``with_leaner`` the next leaner
+    one (for budget 0, the leanest)."""
+    best = _fastest(model, bound)
+    if best is None:
+        return []
+    picks = [best]
+    other = _other(model, bound, best) if with_other else None
+    if other is not None and other.choice != best.choice:
+        picks.append(other)
+    if with_leaner:
+        leaner = _leanest(model) if budget == 0 else _fastest(model, best.peak * (1 - 1e-9))
+        if leaner is not None and leaner.choice != best.choice:
+            picks.append(leaner)
+    return picks
+
+
+def _other(model: RegionModel, bound: float, best: Assignment) -> Assignment | None:
+    """The fastest assignment within ``bound`` that never uses the policy ``best`` puts on
+    most regions: a second opinion where the time model is least sure (predicted recompute
+    times of two policies within a few percent measured 10-30% apart on the benchmark's
+    transformer), timed beside ``best``."""
+    used = [j for j in best.choice if j != 0]  # option 0 is NONE
+    if not used:
+        return None
+    most = max(set(used), key=used.count)
+    without = tuple(tuple(o._replace(ms=float("inf")) if j == most else o for j, o in enumerate(opts))
+                    for opts in model.options)
+    found = fastest_within(without, model.working, bound)
+    return None if found is None else model.assignment(found.choice)
+
+
+def _lean_pair(model: RegionModel) -> list[Assignment]:
+    """The leanest assignment, and the same with the last region un-checkpointed (its
+    backward follows its forward at once, so it may cost no more)."""
+    lean = _leanest(model)
+    return [lean, model.assignment(lean.choice[:-1] + (0,))]
+
+
+def _runner_up(model: RegionModel, bound: float, best: Assignment, compiled: set[str]) -> Assignment | None:
+    """The fastest assignment within ``bound`` other than ``best`` and not ``compiled``
+    (labels): the fastest leaner one, or one that differs from ``best`` in one region."""
+    leaner = _fastest(model, best.peak * (1 - 1e-9))
+    others = [leaner] if leaner is not None else []
+    for i, j in enumerate(best.choice):
+        for k in range(len(model.options[i])):
+            if k != j:
+                a = model.assignment(best.choice[:i] + (k,) + best.choice[i + 1:])
+                if a.peak <= bound and a.choice != best.choice:
+                    others.append(a)
+    others = [a for a in others if model.spec(a).label not in compiled]
+    return min(others, key=lambda a: (a.ms, a.peak), default=None)
+
+
+def _bound(model: RegionModel, budget: float) -> float:
+    """The largest predicted peak allowed: ``budget`` times the un-checkpointed step's (for
+    budget 0, 1% above the least)."""
+    if budget == 0:
+        return 1.01 * _leanest(model).peak
+    return budget * model.assignment((0,) * len(model.options)).peak
+
+
+def _leanest(model: RegionModel) -> Assignment:
+    """The leanest assignment; among options that keep equally little, the one that
+    recomputes most (the slowest), which leaves XLA the least to hold besides."""
+    return model.assignment(tuple(max(range(len(opts)), key=lambda j: (-opts[j].kept, opts[j].ms))
+                                  for opts in model.options))
+
+
+def _estimated(search: CandidateSearch, model: RegionModel, a: Assignment) -> PlanCandidate:
+    """The candidate of assignment ``a``, traced, with its predicted temp bytes and time."""
+    spec = model.spec(a)
+    c = search.cache[spec.label] = dataclasses.replace(search.trace(spec), estimated_temp_bytes=model.temp_bytes(a),
+                                                       estimated_ms=a.ms)
+    return c
+
+
+def _confirm(search: CandidateSearch, model: RegionModel,
+             picks: list[Assignment]) -> Callable[[], list[PlanCandidate]]:
+    """Starts compiling the assignments ``picks`` (with their predicted temp bytes and
+    time); the function returned waits for them."""
+    for a in picks:
+        _estimated(search, model, a)
+    return search.start([model.spec(a) for a in picks])
+
+
+def _residuals(c: PlanCandidate) -> int:
+    assert c.residual_bytes is not None, f"candidate {c.label!r} was not traced"
+    return c.residual_bytes
