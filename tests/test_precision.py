@@ -222,3 +222,17 @@ def test_a_failing_trained_weight_counts_adams_far_steps():
     assert not row.ok and row.err_jax == pytest.approx(0.02 / np.sqrt(32))
     note = _far_steps_note(row, {key: jax_w}, {key: torch_w}, {key: ref}, lr=0.01)
     assert note.startswith("w: entries more than lr/2 from the reference: jax 1, torch 0 of 32")
+
+
+def test_seed_study_counts_both_sides_failures():
+    from benchmarks.precision_seeds import summarize, table
+
+    rows = [{"seed": 0, "name": "a", "err_jax": 3e-2, "err_torch": 1e-2, "eps": 2.0 ** -8},  # JAX fails
+            {"seed": 0, "name": "b", "err_jax": 1e-2, "err_torch": 1e-2, "eps": 2.0 ** -8},
+            {"seed": 1, "name": "a", "err_jax": 1e-3, "err_torch": 9e-3, "eps": 2.0 ** -8},  # torch fails the mirror
+            {"seed": 1, "name": "b", "err_jax": 1e-3, "err_torch": 3e-3, "eps": 2.0 ** -8}]  # under 2 * eps: passes
+    s = summarize(rows)
+    assert s["jax_fails"] == {0: ["a"]} and s["torch_fails"] == {1: ["a"]}
+    assert s["geomean"] == pytest.approx((3 * 1 * (1 / 9) * (1 / 3)) ** 0.25)
+    assert s["beyond_2x"] == 0.25 and s["below_half"] == 0.5
+    assert "| x:bfloat16 | 2 | 1 (0: a) | 1 (1: a) |" in table({"x:bfloat16": s})

@@ -23,7 +23,7 @@ are equal and the rest within 2 float32 ulps (tests/test_torch_optim.py).
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -50,11 +50,13 @@ def adam(lr: float, b1: float, b2: float, eps: float, weight_decay: float = 0.0)
       >>> tx = adam(1e-2, 0.9, 0.999, 1e-8, weight_decay=0.01)
     """
 
-    def init(params: Any) -> TorchOrderState:
+    def init(params: optax.Params) -> optax.OptState:
         zeros = jax.tree.map(jnp.zeros_like, params)
         return TorchOrderState(jnp.zeros([], jnp.int32), zeros, jax.tree.map(jnp.zeros_like, params))
 
-    def update(grads: Any, state: TorchOrderState, params: Any = None) -> tuple[Any, TorchOrderState]:
+    def update(updates: optax.Updates, state: optax.OptState, params: optax.Params | None = None
+               ) -> tuple[optax.Updates, optax.OptState]:
+        state = cast(TorchOrderState, state)
         count = state.count + 1
         t = count.astype(jnp.float32)
         # torch computes these scalars in double on the host and hands the kernels float32; here
@@ -72,9 +74,9 @@ def adam(lr: float, b1: float, b2: float, eps: float, weight_decay: float = 0.0)
             new = (_f32(decayed) - step_size * _f32(m) / _f32(denom)).astype(dtype)  # addcdiv_
             return _f32(new) - _f32(p), m, v
 
-        return _unzip(jax.tree.map(one, grads, params, state.first, state.second), count)
+        return _unzip(jax.tree.map(one, updates, params, state.first, state.second), count)
 
-    return optax.GradientTransformation(init, update)  # type: ignore[arg-type]
+    return optax.GradientTransformation(init, update)
 
 
 def sgd(lr: float, momentum: float = 0.0, dampening: float = 0.0, nesterov: bool = False,
@@ -85,10 +87,12 @@ def sgd(lr: float, momentum: float = 0.0, dampening: float = 0.0, nesterov: bool
       >>> tx = sgd(1e-2, momentum=0.9)
     """
 
-    def init(params: Any) -> TorchOrderState:
+    def init(params: optax.Params) -> optax.OptState:
         return TorchOrderState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params), None)
 
-    def update(grads: Any, state: TorchOrderState, params: Any = None) -> tuple[Any, TorchOrderState]:
+    def update(updates: optax.Updates, state: optax.OptState, params: optax.Params | None = None
+               ) -> tuple[optax.Updates, optax.OptState]:
+        state = cast(TorchOrderState, state)
         count = state.count + 1
 
         def one(g: jax.Array, p: jax.Array, buf: jax.Array) -> tuple[jax.Array, jax.Array, None]:
@@ -108,9 +112,9 @@ def sgd(lr: float, momentum: float = 0.0, dampening: float = 0.0, nesterov: bool
             new = add(p, g, -lr)
             return _f32(new) - _f32(p), buf, None
 
-        return _unzip(jax.tree.map(one, grads, params, state.first), count)
+        return _unzip(jax.tree.map(one, updates, params, state.first), count)
 
-    return optax.GradientTransformation(init, update)  # type: ignore[arg-type]
+    return optax.GradientTransformation(init, update)
 
 
 def _unzip(triples: Any, count: jax.Array) -> tuple[Any, TorchOrderState]:
@@ -134,12 +138,13 @@ def from_torch(optimizer: Any) -> optax.GradientTransformation:
     if group.get("maximize") or group.get("amsgrad"):
         raise ValueError("from_torch: maximize and amsgrad are not reproduced")
     lr = float(group["lr"])
+    b1, b2 = group.get("betas", (0.9, 0.999))
     if isinstance(optimizer, torch.optim.AdamW):
-        return adam(lr, *group["betas"], group["eps"], weight_decay=group["weight_decay"])
+        return adam(lr, b1, b2, group["eps"], weight_decay=group["weight_decay"])
     if isinstance(optimizer, torch.optim.Adam):
         if group["weight_decay"]:
             raise ValueError("from_torch: Adam's L2 weight_decay is not reproduced (use AdamW)")
-        return adam(lr, *group["betas"], group["eps"])
+        return adam(lr, b1, b2, group["eps"])
     if isinstance(optimizer, torch.optim.SGD):
         return sgd(lr, group["momentum"], group["dampening"], group["nesterov"], group["weight_decay"])
     raise ValueError(f"from_torch: {type(optimizer).__name__} is not reproduced (SGD, Adam, AdamW are)")
