@@ -235,4 +235,4 @@ def test_seed_study_counts_both_sides_failures():
     assert s["jax_fails"] == {0: ["a"]} and s["torch_fails"] == {1: ["a"]}
     assert s["geomean"] == pytest.approx((3 * 1 * (1 / 9) * (1 / 3)) ** 0.25)
     assert s["beyond_2x"] == 0.25 and s["below_half"] == 0.5
-    assert "| x:bfloat16 | 2 | 1 (0: a) | 1 (1: a) |" in table({"x:bfloat16": s})
+    assert "| x:bfloat16 | 2 | 1 (seeds 0) | 1 (seeds 1) |" in table({"x:bfloat16": s})
