@@ -20,6 +20,7 @@ from remat.crosscheck.precision import EPS, precision_row, relative_error  # noq
 from remat.crosscheck.precision_runs import EXACT_ROUNDING  # noqa: E402
 from remat.models import HF_MODELS, MODELS, RematSettings  # noqa: E402
 
+SLOW = [("cnn", MODELS), ("llama", HF_MODELS), ("gpt2", HF_MODELS), ("resnet", HF_MODELS)]
 ROW_KEYS = {"mode", "kind", "name", "shape", "dtype", "err_jax", "err_torch", "err_cross", "eps", "ok"}
 
 
@@ -99,16 +100,18 @@ def test_mlp_mixed_training_passes_with_float32_weights():
 
 
 def _jax_bf16_grads(name: str, settings: RematSettings, precision: str, exact: bool = True):
-    jm, _, (x,) = MODELS[name].build(remat=settings)
+    from remat.crosscheck.harness import _channels_last, _inputs
+
+    jm, _, xs = (MODELS.get(name) or HF_MODELS[name]).build(remat=settings)
     model = autocast.jax_model(jm, precision)
     graphdef, state = nnx.split(model)
-    x = jnp.asarray(x, jnp.bfloat16) if np.issubdtype(x.dtype, np.floating) else jnp.asarray(x)
+    xs = autocast.jax_inputs(_inputs(xs), "bfloat16", _channels_last(jm, None))
 
-    def grads(state, x):
-        return jax.grad(lambda s: jax_sum(nnx.merge(graphdef, s)(x)))(state)
+    def grads(state, *xs):
+        return jax.grad(lambda s: jax_sum(nnx.merge(graphdef, s)(*xs)))(state)
 
     options = EXACT_ROUNDING if exact else None
-    return jax.tree.leaves(jax.jit(grads, compiler_options=options)(state, x))
+    return jax.tree.leaves(jax.jit(grads, compiler_options=options)(state, *xs))
 
 
 @pytest.mark.parametrize("name", ["mlp", "transformer"])
@@ -118,6 +121,17 @@ def test_checkpointed_and_unchecked_bfloat16_runs_are_bitwise_equal(name):
         ckpt = _jax_bf16_grads(name, settings, "bfloat16")
         for a, b in zip(ckpt, plain, strict=True):
             assert a.dtype == b.dtype == jnp.bfloat16 and np.array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,registry", SLOW, ids=[n for n, _ in SLOW])
+def test_heavier_twins_checkpointed_bfloat16_gradients_are_bitwise_equal(name, registry):
+    if registry is HF_MODELS:
+        pytest.importorskip("transformers")
+    plain = _jax_bf16_grads(name, RematSettings.none(), "bfloat16")
+    ckpt = _jax_bf16_grads(name, RematSettings(), "bfloat16")
+    for a, b in zip(ckpt, plain, strict=True):
+        assert a.dtype == b.dtype == jnp.bfloat16 and np.array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_mixed_checkpointing_moves_only_float32_sums_by_float32_ulps():
@@ -183,7 +197,6 @@ def test_cli_table(capsys):
     assert "err_jax" in out and "float64 reference" in out and "PASS: mlp" in out and "median" in out
 
 
-SLOW = [("cnn", MODELS), ("llama", HF_MODELS), ("gpt2", HF_MODELS), ("resnet", HF_MODELS)]
 
 
 @pytest.mark.slow
