@@ -261,3 +261,22 @@ def test_seed_study_counts_both_sides_failures():
     assert s["geomean"] == pytest.approx((3 * 1 * (1 / 9) * (1 / 3)) ** 0.25)
     assert s["beyond_2x"] == 0.25 and s["below_half"] == 0.5
     assert "| x:bfloat16 | 2 | 1 (seeds 0) | 1 (seeds 1) |" in table({"x:bfloat16": s})
+
+
+def test_bfloat16_layernorm_parameter_gradients_are_the_exact_sums_rounded_once():
+    """Why remat's LayerNorm parameter gradients beat torch's in bfloat16 (docs/crosscheck.md): the
+    cross-check's norm modules sum in float32 and round once; torch's bfloat16 kernel rounds more."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((16, 32)) * 2, jnp.bfloat16)
+    ct = jnp.asarray(rng.standard_normal((16, 32)), jnp.bfloat16)
+    ln = autocast.jax_model(nnx.LayerNorm(32, rngs=nnx.Rngs(0)), "bfloat16")
+    graphdef, state = nnx.split(ln)
+    grads = jax.jit(lambda s: jax.vjp(lambda s: nnx.merge(graphdef, s)(x), s)[1](ct)[0],
+                    compiler_options=EXACT_ROUNDING)(state)
+    exact = np.asarray(ct, np.float64).sum(axis=0)
+    assert np.array_equal(np.asarray(grads["bias"][...]), np.asarray(jnp.asarray(exact, jnp.bfloat16)))
+    tln = torch.nn.LayerNorm(32).to(torch.bfloat16)
+    tln(torch.tensor(np.asarray(x, np.float32)).to(torch.bfloat16)).backward(
+        torch.tensor(np.asarray(ct, np.float32)).to(torch.bfloat16))
+    ours = relative_error(np.asarray(grads["bias"][...], np.float64), exact)
+    assert ours <= 2.0 ** -9 < relative_error(tln.bias.grad.double().numpy(), exact)
