@@ -87,7 +87,10 @@ def test_transformer_mixed_gradients_and_training():
     t = compare_training(jm, tm, x, entry.example_targets(), steps=2, precision="mixed")
     assert t.check == "training" and t.steps == 2 and len(t.losses["reference"]) == 2
     loss_row = t.rows[0]
-    assert loss_row.kind == "loss" and loss_row.ok and loss_row.err_jax < 1e-2
+    assert loss_row.kind == "loss" and loss_row.err_jax < 1e-3
+    # the same forward as autocast's, op by op: the first losses are equal; the second is computed at
+    # each run's own weights after a step, whose rounding luck the seed study measures (docs/crosscheck.md)
+    assert t.losses["jax"][0] == t.losses["torch"][0]
 
 
 def test_mlp_mixed_training_passes_with_float32_weights():
