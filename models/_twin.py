@@ -6,6 +6,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -135,6 +136,32 @@ def softmax_like_torch(scores: Any, where: Any = None) -> Any:
 
     wide = jnp.promote_types(scores.dtype, jnp.float32)
     return ops.softmax(scores.astype(wide), axis=-1, where=where).astype(scores.dtype)
+
+
+@jax.custom_vjp
+def silu_like_torch(x: Any) -> Any:
+    """``x * sigmoid(x)`` computed in float32 (or wider) and rounded once, keeping only ``x`` for the
+    backward, as torch's CPU ``silu`` and ``silu_backward`` do on bfloat16: ``jax.nn.silu`` in
+    bfloat16 rounds the sigmoid and the product (forward 1.6x, backward 2.3x PyTorch's error)."""
+    return _silu_fwd(x)[0]
+
+
+def _silu_fwd(x: Any) -> tuple[Any, Any]:
+    import jax.numpy as jnp
+
+    xf = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    return (xf * jax.nn.sigmoid(xf)).astype(x.dtype), x
+
+
+def _silu_bwd(x: Any, g: Any) -> tuple[Any]:
+    import jax.numpy as jnp
+
+    xf = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    s = jax.nn.sigmoid(xf)
+    return ((g.astype(xf.dtype) * s * (1 + xf * (1 - s))).astype(x.dtype),)  # torch's silu_backward
+
+
+silu_like_torch.defvjp(_silu_fwd, _silu_bwd)
 
 
 def sdpa_like_torch(q: Any, k: Any, v: Any, scale: float, where: Any, autocast_dtype: Any = None) -> Any:

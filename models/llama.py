@@ -36,7 +36,7 @@ from flax import nnx
 import remat
 from remat.models._hf import checkpoint_hf_layers, transformers_module
 from remat.models._settings import RematSettings, jax_block
-from remat.models._twin import build_pair, sdpa_like_torch
+from remat.models._twin import build_pair, sdpa_like_torch, silu_like_torch
 from remat.models._twin import token_inputs as example_inputs  # noqa: F401  (the registry's)
 from remat.models._twin import token_targets as example_targets  # noqa: F401  (the registry's)
 
@@ -135,7 +135,7 @@ class LlamaMLP(nnx.Module):
         self.down_proj = nnx.Linear(config.mlp_width, config.width, use_bias=False, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        h = remat.checkpoint_name(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x), "mlp_hidden")
+        h = remat.checkpoint_name(silu_like_torch(self.gate_proj(x)) * self.up_proj(x), "mlp_hidden")
         return self.down_proj(h)
 
 

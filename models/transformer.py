@@ -83,7 +83,10 @@ class Attention(nnx.Module):
             q, k, v = self.q(x), self.k(x), self.v(x)
         hd = c // self.heads
         q, k, v = (a.reshape(b, t, self.heads, hd).transpose(0, 2, 1, 3) for a in (q, k, v))
-        scores = (q @ k.transpose(0, 1, 3, 2)) / math.sqrt(hd)
+        scores = q @ k.transpose(0, 1, 3, 2)
+        # divided in float32 and rounded once, as torch's bfloat16 kernel does with its float32 scalar
+        # (a Python float is rounded to bfloat16 here first: sqrt(8) becomes 2.828125); no-op in float32
+        scores = (scores.astype(jnp.promote_types(scores.dtype, jnp.float32)) / math.sqrt(hd)).astype(scores.dtype)
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
         # masked entries come out 0, as after torch's masked_fill(-inf); the backward
         # keeps only the probabilities (jnp.where + jax.nn.softmax keep three more arrays)

@@ -20,6 +20,7 @@ from remat.crosscheck.precision import EPS, precision_row, relative_error  # noq
 from remat.crosscheck.precision_runs import EXACT_ROUNDING  # noqa: E402
 from remat.models import HF_MODELS, MODELS, RematSettings  # noqa: E402
 
+SLOW = [("cnn", MODELS), ("llama", HF_MODELS), ("gpt2", HF_MODELS), ("resnet", HF_MODELS)]
 ROW_KEYS = {"mode", "kind", "name", "shape", "dtype", "err_jax", "err_torch", "err_cross", "eps", "ok"}
 
 
@@ -86,7 +87,10 @@ def test_transformer_mixed_gradients_and_training():
     t = compare_training(jm, tm, x, entry.example_targets(), steps=2, precision="mixed")
     assert t.check == "training" and t.steps == 2 and len(t.losses["reference"]) == 2
     loss_row = t.rows[0]
-    assert loss_row.kind == "loss" and loss_row.ok and loss_row.err_jax < 1e-2
+    assert loss_row.kind == "loss" and loss_row.err_jax < 1e-3
+    # the same forward as autocast's, op by op: the first losses are equal; the second is computed at
+    # each run's own weights after a step, whose rounding luck the seed study measures (docs/crosscheck.md)
+    assert t.losses["jax"][0] == t.losses["torch"][0]
 
 
 def test_mlp_mixed_training_passes_with_float32_weights():
@@ -99,16 +103,18 @@ def test_mlp_mixed_training_passes_with_float32_weights():
 
 
 def _jax_bf16_grads(name: str, settings: RematSettings, precision: str, exact: bool = True):
-    jm, _, (x,) = MODELS[name].build(remat=settings)
+    from remat.crosscheck.harness import _channels_last, _inputs
+
+    jm, _, xs = (MODELS.get(name) or HF_MODELS[name]).build(remat=settings)
     model = autocast.jax_model(jm, precision)
     graphdef, state = nnx.split(model)
-    x = jnp.asarray(x, jnp.bfloat16) if np.issubdtype(x.dtype, np.floating) else jnp.asarray(x)
+    xs = autocast.jax_inputs(_inputs(xs), "bfloat16", _channels_last(jm, None))
 
-    def grads(state, x):
-        return jax.grad(lambda s: jax_sum(nnx.merge(graphdef, s)(x)))(state)
+    def grads(state, *xs):
+        return jax.grad(lambda s: jax_sum(nnx.merge(graphdef, s)(*xs)))(state)
 
     options = EXACT_ROUNDING if exact else None
-    return jax.tree.leaves(jax.jit(grads, compiler_options=options)(state, x))
+    return jax.tree.leaves(jax.jit(grads, compiler_options=options)(state, *xs))
 
 
 @pytest.mark.parametrize("name", ["mlp", "transformer"])
@@ -118,6 +124,29 @@ def test_checkpointed_and_unchecked_bfloat16_runs_are_bitwise_equal(name):
         ckpt = _jax_bf16_grads(name, settings, "bfloat16")
         for a, b in zip(ckpt, plain, strict=True):
             assert a.dtype == b.dtype == jnp.bfloat16 and np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_checkpointed_and_plain_bfloat16_training_end_on_the_same_weights():
+    """3 AdamW steps of the transformer in bfloat16: every trained weight's error (and loss) identical."""
+    entry = MODELS["transformer"]
+    errors = []
+    for settings in (RematSettings.none(), RematSettings()):
+        config = entry.make_config(settings)
+        jm, tm, x = entry.factory(config, 0)
+        report = compare_training(jm, tm, x, entry.example_targets(config, 0), steps=3, precision="bfloat16")
+        errors.append([(r.name, r.err_jax) for r in report.rows])
+    assert errors[0] == errors[1] and len(errors[0]) == 30
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,registry", SLOW, ids=[n for n, _ in SLOW])
+def test_heavier_twins_checkpointed_bfloat16_gradients_are_bitwise_equal(name, registry):
+    if registry is HF_MODELS:
+        pytest.importorskip("transformers")
+    plain = _jax_bf16_grads(name, RematSettings.none(), "bfloat16")
+    ckpt = _jax_bf16_grads(name, RematSettings(), "bfloat16")
+    for a, b in zip(ckpt, plain, strict=True):
+        assert a.dtype == b.dtype == jnp.bfloat16 and np.array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_mixed_checkpointing_moves_only_float32_sums_by_float32_ulps():
@@ -183,7 +212,6 @@ def test_cli_table(capsys):
     assert "err_jax" in out and "float64 reference" in out and "PASS: mlp" in out and "median" in out
 
 
-SLOW = [("cnn", MODELS), ("llama", HF_MODELS), ("gpt2", HF_MODELS), ("resnet", HF_MODELS)]
 
 
 @pytest.mark.slow
@@ -222,3 +250,36 @@ def test_a_failing_trained_weight_counts_adams_far_steps():
     assert not row.ok and row.err_jax == pytest.approx(0.02 / np.sqrt(32))
     note = _far_steps_note(row, {key: jax_w}, {key: torch_w}, {key: ref}, lr=0.01)
     assert note.startswith("w: entries more than lr/2 from the reference: jax 1, torch 0 of 32")
+
+
+def test_seed_study_counts_both_sides_failures():
+    from benchmarks.precision_seeds import summarize, table
+
+    rows = [{"seed": 0, "name": "a", "err_jax": 3e-2, "err_torch": 1e-2, "eps": 2.0 ** -8},  # JAX fails
+            {"seed": 0, "name": "b", "err_jax": 1e-2, "err_torch": 1e-2, "eps": 2.0 ** -8},
+            {"seed": 1, "name": "a", "err_jax": 1e-3, "err_torch": 9e-3, "eps": 2.0 ** -8},  # torch fails the mirror
+            {"seed": 1, "name": "b", "err_jax": 1e-3, "err_torch": 3e-3, "eps": 2.0 ** -8}]  # under 2 * eps: passes
+    s = summarize(rows)
+    assert s["jax_fails"] == {0: ["a"]} and s["torch_fails"] == {1: ["a"]}
+    assert s["geomean"] == pytest.approx((3 * 1 * (1 / 9) * (1 / 3)) ** 0.25)
+    assert s["beyond_2x"] == 0.25 and s["below_half"] == 0.5
+    assert "| x:bfloat16 | 2 | 1 (seeds 0) | 1 (seeds 1) |" in table({"x:bfloat16": s})
+
+
+def test_bfloat16_layernorm_parameter_gradients_are_the_exact_sums_rounded_once():
+    """Why remat's LayerNorm parameter gradients beat torch's in bfloat16 (docs/crosscheck.md): the
+    cross-check's norm modules sum in float32 and round once; torch's bfloat16 kernel rounds more."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((16, 32)) * 2, jnp.bfloat16)
+    ct = jnp.asarray(rng.standard_normal((16, 32)), jnp.bfloat16)
+    ln = autocast.jax_model(nnx.LayerNorm(32, rngs=nnx.Rngs(0)), "bfloat16")
+    graphdef, state = nnx.split(ln)
+    grads = jax.jit(lambda s: jax.vjp(lambda s: nnx.merge(graphdef, s)(x), s)[1](ct)[0],
+                    compiler_options=EXACT_ROUNDING)(state)
+    exact = np.asarray(ct, np.float64).sum(axis=0)
+    assert np.array_equal(np.asarray(grads["bias"][...]), np.asarray(jnp.asarray(exact, jnp.bfloat16)))
+    tln = torch.nn.LayerNorm(32).to(torch.bfloat16)
+    tln(torch.tensor(np.asarray(x, np.float32)).to(torch.bfloat16)).backward(
+        torch.tensor(np.asarray(ct, np.float32)).to(torch.bfloat16))
+    ours = relative_error(np.asarray(grads["bias"][...], np.float64), exact)
+    assert ours <= 2.0 ** -9 < relative_error(tln.bias.grad.double().numpy(), exact)

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from remat.crosscheck import autocast
+from remat.crosscheck import autocast, torch_optim
 from remat.crosscheck.harness import (
     _CPU_COMPILER_OPTIONS,
     _buffers,
@@ -233,7 +233,8 @@ def precision_training(jax_model: nnx.Module, torch_model: Any, xs: tuple, y: np
     ref_losses, reference = torch_training(torch_model, xs, y, "float64", mode, *args)
     torch_losses, low = torch_training(torch_model, xs, y, precision, mode, *args)
     shapes = {k: tuple(v.shape) for k, v in reference.items()}
-    tx = optimizers([_torch().zeros(1, requires_grad=True)])[0]
+    # the JAX side does torch.optim's arithmetic (remat.crosscheck.torch_optim): the check is of the models
+    tx = torch_optim.from_torch(optimizers([_torch().zeros(1, requires_grad=True)])[1])
     jax_losses, jax_values = jax_training(jax_model, xs, y, precision, mode, steps, tx, checkpoint, jax_loss,
                                           jax_select, channels_last, naming, shapes)
     keep = {k: v for k, v in reference.items() if exclude is None or not exclude(k[2])}

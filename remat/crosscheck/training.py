@@ -192,7 +192,8 @@ def compare_training(
       precision: ``"bfloat16"`` or ``"mixed"`` (bfloat16 compute, float32 parameters and
         optimizer state): the losses and final weights of both runs are measured against
         the twin trained in float64, as in :func:`compare_gradients`; ``rtol``/``atol``
-        do not apply.
+        do not apply. The JAX side then steps with torch's optimizer arithmetic
+        (:func:`remat.crosscheck.torch_optim.from_torch`), so the runs differ by their models only.
       mode: ``"train"`` (BatchNorm on batch statistics, running statistics updated and
         compared) or ``"eval"`` (running statistics fixed).
       layout, checkpoint, rename, output, layouts: as for :func:`compare_gradients`

@@ -128,12 +128,15 @@ _SQRT_HALF = math.sqrt(0.5)
 
 
 def _gelu_value(x: jax.Array, approximate: bool) -> jax.Array:
+    # computed in float32 for a half-precision x and rounded once, as PyTorch's kernel does (in
+    # bfloat16 each of erf, the product and the sum rounded: 1.2x PyTorch's error, docs/crosscheck.md)
+    xf = x.astype(_compute_dtype(x.dtype))
     if approximate:
-        return jax.nn.gelu(x, approximate=True)
+        return jax.nn.gelu(xf, approximate=True).astype(x.dtype)
     # PyTorch's formula, x * (1 + erf(x / sqrt(2))) / 2: jax.nn.gelu's erfc(-x / sqrt(2))
     # is the same value, but XLA:CPU expands erfc into a branchy sequence several times
     # slower than its erf polynomial
-    return x * 0.5 * (1.0 + jax.lax.erf(x * _SQRT_HALF))
+    return (xf * 0.5 * (1.0 + jax.lax.erf(xf * _SQRT_HALF))).astype(x.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
