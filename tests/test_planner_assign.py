@@ -8,7 +8,7 @@ from test_planner import WS, X, loss
 
 from remat.planner import NONE, plan
 from remat.planner._assign import RegionOption, describe, fastest_within, peak
-from remat.planner._costs import recompute_ms
+from remat.planner._costs import region_costs
 
 
 def _brute(options, working, limit):
@@ -45,11 +45,16 @@ def test_peak_counts_the_last_regions_kept_values_only_beyond_its_working_set():
 
 
 def test_recompute_cost_is_zero_unchecked_and_least_where_the_policy_saves_the_matmuls():
-    rows = recompute_ms(loss, (WS, X), len(WS), [NONE, "nothing", "dots", "everything"])
-    assert len(rows) == len(WS)
-    for none, nothing, dots, everything in rows:
+    costs = region_costs(loss, (WS, X), len(WS), [NONE, "nothing", "dots", "everything"])
+    assert len(costs.ms) == len(costs.kept) == len(WS)
+    for none, nothing, dots, everything in costs.ms:
         assert none == 0.0 and everything == 0.0
         assert nothing > dots > 0.0  # dots still recomputes the gelu and the tanh
+    activation = X.size * 4  # a (B, D) float32 block input
+    for i, (none, nothing, dots, everything) in enumerate(costs.kept):
+        # every region but the first takes the previous one's output; the first, the step's argument
+        assert nothing == (activation if i else 0)
+        assert nothing < dots < none == everything  # dots keeps the two matmuls' outputs
 
 
 def test_the_default_search_fits_and_compiles_a_few_programs():

@@ -8,7 +8,7 @@ from typing import Any
 
 from remat.analysis.budget import calibrate_once
 from remat.planner._candidate import PlanCandidate
-from remat.planner._costs import recompute_ms
+from remat.planner._costs import region_costs
 from remat.planner._families import family_specs, no_checkpoint_spec
 from remat.planner._fast import fast_search
 from remat.planner._mixed import mixed_spec, mixed_specs, uniform_costs
@@ -83,13 +83,13 @@ def plan(
     calibrate_once()  # predicted_ms at this machine's FLOP and byte rates, not defaults
     fast = not exhaustive and n > 0 and not survey.scan_depths and not survey.sequential_lengths
     options = [*policies, *([tuple(survey.names)] if survey.names else [])]
-    recompute = recompute_ms(step_fn, args, n, [NONE, *options]) if fast else None
-    fast = recompute is not None
+    costs = region_costs(step_fn, args, n, [NONE, *options]) if fast else None
+    fast = costs is not None
     search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache,
                              early_reject and not fast, lean=budget == 0, progress=progress)
     if fast:
-        assert recompute is not None
-        none, pool = fast_search(search, survey, options, budget, recompute)
+        assert costs is not None
+        none, pool = fast_search(search, survey, options, budget, costs)
         pool = [none, *pool]
     else:
         none = search.evaluate(no_checkpoint_spec(survey))
