@@ -121,7 +121,7 @@ def fast_search(search: CandidateSearch, survey: _Survey, policies: Sequence[Any
     assignments compile (every region keeping least, and the same with the last region
     un-checkpointed), so that the minimum reported is a compiled one. For budget 0 the
     finalists are the fastest assignment within 1% of the least predicted peak, and the
-    leanest.
+    leanest pair.
 
     Args:
       search: the search, not yet calibrated.
@@ -188,7 +188,7 @@ def _picks(model: RegionModel, bound: float, budget: float, with_leaner: bool,
            with_other: bool = False) -> list[Assignment]:
     """The fastest assignment within ``bound``; with ``with_other`` also the fastest one
     without the policy it uses most (:func:`_other`); with ``with_leaner`` the next leaner
-    one (for budget 0, the leanest)."""
+    one (for budget 0, :func:`_lean_pair`)."""
     best = _fastest(model, bound)
     if best is None:
         return []
@@ -197,10 +197,9 @@ def _picks(model: RegionModel, bound: float, budget: float, with_leaner: bool,
     if other is not None and other.choice != best.choice:
         picks.append(other)
     if with_leaner:
-        leaner = _leanest(model) if budget == 0 else _fastest(model, best.peak * (1 - 1e-9))
-        if leaner is not None and leaner.choice != best.choice:
-            picks.append(leaner)
-    return picks
+        leaner = _lean_pair(model) if budget == 0 else [_fastest(model, best.peak * (1 - 1e-9))]
+        picks += [a for a in leaner if a is not None]
+    return list({a.choice: a for a in picks}.values())
 
 
 def _other(model: RegionModel, bound: float, best: Assignment) -> Assignment | None:
