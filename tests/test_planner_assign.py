@@ -67,3 +67,18 @@ def test_the_default_search_fits_and_compiles_a_few_programs():
         assert p.chosen.estimated_temp_bytes is not None and p.chosen.estimated_ms is not None
         # the uniform candidates were traced for their residual bytes, not compiled unless chosen
         assert {"all: nothing", "all: dots"} <= {c.label for c in p.candidates}
+
+
+def test_a_second_opinion_compiles_the_fastest_assignment_without_the_picks_main_policy():
+    x = jnp.linspace(-1, 1, 64 * X.shape[1]).reshape(64, X.shape[1])
+    alone = plan(loss, WS, x, memory_budget=0.9, measure=False)
+    both = plan(loss, WS, x, memory_budget=0.9, measure=False, second_opinion=True)
+
+    def compiled(p):
+        return {c.label: c for c in p.candidates if c.compiled is not None and c.label != "no checkpoint"}
+
+    extra = set(compiled(both)) - set(compiled(alone))
+    assert extra and both.feasible and both.chosen.temp_bytes <= both.limit_bytes
+    main = max(set(alone.chosen.policies) - {NONE}, key=alone.chosen.policies.count)
+    assert any(main not in compiled(both)[label].policies for label in extra)
+    assert both.chosen.predicted_ms <= alone.chosen.predicted_ms  # it only adds candidates

@@ -105,16 +105,16 @@ def region_model(none: PlanCandidate, uniform: Sequence[PlanCandidate], costs: R
 
 
 def fast_search(search: CandidateSearch, survey: _Survey, policies: Sequence[Any], budget: float,
-                costs: RegionCosts) -> tuple[PlanCandidate, list[PlanCandidate]]:
+                costs: RegionCosts, second_opinion: bool = False) -> tuple[PlanCandidate, list[PlanCandidate]]:
     """The un-checkpointed step, and the candidates weighed: every option on all regions
     (traced, compiled only if chosen), the predicted runner-up, and the finalists, compiled.
 
     Every option is traced once for its residual bytes; :func:`region_model` turns those
     and ``costs`` into per-region costs, and :func:`remat.planner._assign.fastest_within` gives the exact
     fastest assignment whose predicted peak is at most ``budget`` times the
-    un-checkpointed step's, and :func:`_other` a second opinion without the pick's main
-    policy. Neither needs a compile, so both compile in the background, and beside them
-    the un-checkpointed step (the budget's yardstick). If neither fits, the next two
+    un-checkpointed step's (with ``second_opinion``, :func:`_other` too: the fastest
+    without the pick's main policy). Neither needs a compile, so the pick compiles in the
+    background, and beside it the un-checkpointed step (the budget's yardstick). If no pick fits, the next two
     assignments down the model's front (the fastest below the least predicted peak that
     missed, and the fastest leaner than that) compile, at
     most ``ROUNDS`` rounds in all; if still nothing fits, the leanest
@@ -129,6 +129,7 @@ def fast_search(search: CandidateSearch, survey: _Survey, policies: Sequence[Any
       policies: the options besides ``NONE``.
       budget: the memory budget, a fraction of the un-checkpointed step's temp bytes.
       costs: :func:`remat.planner._costs.region_costs` for ``NONE`` and ``policies``.
+      second_opinion: compile and time :func:`_other` beside the pick.
 
     Returns:
       ``(the un-checkpointed step, the candidates)``.
@@ -139,7 +140,7 @@ def fast_search(search: CandidateSearch, survey: _Survey, policies: Sequence[Any
     guess = region_model(traced_none, uniform, costs)
     bound = _bound(guess, budget)  # in predicted-peak bytes, the same whatever the scale
     # predicted not to fit at all: the leanest compile at once, for the minimum reported
-    picks = _picks(guess, bound, budget, with_leaner=budget == 0, with_other=True) or _lean_pair(guess)
+    picks = _picks(guess, bound, budget, with_leaner=budget == 0, with_other=second_opinion) or _lean_pair(guess)
     pending = _confirm(search, guess, picks) if picks else None
     # the pick compiles longer than the un-checkpointed step (it recomputes), so it starts first
     waiting = search.start([no_checkpoint_spec(survey)])

@@ -32,6 +32,7 @@ def plan(
     early_reject: bool = True,
     progress: Callable[[str], None] | None = None,
     exhaustive: bool = False,
+    second_opinion: bool = False,
 ) -> Plan:
     """Finds the fastest way to checkpoint ``step_fn`` whose compiled temp memory fits.
 
@@ -62,6 +63,10 @@ def plan(
         per-region assignment predicted to fit, and compiles only that one and the next
         leaner one to confirm (``docs/planner.md``, "The default search"); other steps,
         and ``exhaustive=True``, compile every candidate.
+      second_opinion: the default search also compiles, and times beside its pick, the
+        fastest assignment that does without the pick's main policy (the time model's
+        errors between policies are larger than its margins; this costs about one more
+        compile and a timing run; ``remat plan --second-opinion``).
 
     Returns:
       A :class:`Plan`; ``plan.apply(step_fn)`` runs the step the planned way.
@@ -89,7 +94,7 @@ def plan(
                              early_reject and not fast, lean=budget == 0, progress=progress)
     if fast:
         assert costs is not None
-        none, pool = fast_search(search, survey, options, budget, costs)
+        none, pool = fast_search(search, survey, options, budget, costs, second_opinion)
         pool = [none, *pool]
     else:
         none = search.evaluate(no_checkpoint_spec(survey))
