@@ -95,7 +95,12 @@ def plan(
     if fast:
         assert costs is not None
         none, pool = fast_search(search, survey, options, budget, costs, second_opinion)
-        pool = [none, *pool]
+        # what earlier plans of this step compiled into cache= is weighed too, at no cost
+        # (a sweep down the budgets then never forgets a plan that still fits)
+        seen = {c.label for c in pool} | {none.label}
+        earlier = [c for c in search.cache.values() if c.compiled is not None and c.label not in seen
+                   and c.scan is None and c.sequential is None and len(c.policies) == n]
+        pool = [none, *pool, *earlier]
     else:
         none = search.evaluate(no_checkpoint_spec(survey))
         search.calibrate(none, int(budget * none.compiled_temp_bytes()))
