@@ -94,6 +94,19 @@ def test_plan_cli_json_and_bad_budget(capsys):
     assert "--budget -0.5: use a fraction in [0, 1]" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_plan_cli_exhaustive_compiles_every_family(capsys):
+    import json
+
+    from remat.cli import main
+
+    rc = main(["plan", "mlp", "--budget", "1.0", "--depth", "2", "--repeat", "1", "--json", "--exhaustive"])
+    out = json.loads(capsys.readouterr().out)
+    labels = {c["label"] for c in out["candidates"]}
+    assert rc == 0 and {"as written", "all: residual_budget(0.5)", "whole step: nothing, regions as written"} <= labels
+    assert all(c["temp_bytes"] is not None for c in out["candidates"]) and out["compile_alone_s"] > 0
+
+
 def _scan_step():
     depth, width = 8, 32
 

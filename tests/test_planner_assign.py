@@ -8,7 +8,7 @@ from test_planner import WS, X, loss
 
 from remat.planner import NONE, plan
 from remat.planner._assign import RegionOption, describe, fastest_within, peak
-from remat.planner._costs import recompute_ms
+from remat.planner._costs import region_costs
 
 
 def _brute(options, working, limit):
@@ -45,11 +45,16 @@ def test_peak_counts_the_last_regions_kept_values_only_beyond_its_working_set():
 
 
 def test_recompute_cost_is_zero_unchecked_and_least_where_the_policy_saves_the_matmuls():
-    rows = recompute_ms(loss, (WS, X), len(WS), [NONE, "nothing", "dots", "everything"])
-    assert len(rows) == len(WS)
-    for none, nothing, dots, everything in rows:
+    costs = region_costs(loss, (WS, X), len(WS), [NONE, "nothing", "dots", "everything"])
+    assert len(costs.ms) == len(costs.kept) == len(WS)
+    for none, nothing, dots, everything in costs.ms:
         assert none == 0.0 and everything == 0.0
         assert nothing > dots > 0.0  # dots still recomputes the gelu and the tanh
+    activation = X.size * 4  # a (B, D) float32 block input
+    for i, (none, nothing, dots, everything) in enumerate(costs.kept):
+        # every region but the first takes the previous one's output; the first, the step's argument
+        assert nothing == (activation if i else 0)
+        assert nothing < dots < none == everything  # dots keeps the two matmuls' outputs
 
 
 def test_the_default_search_fits_and_compiles_a_few_programs():
@@ -62,3 +67,18 @@ def test_the_default_search_fits_and_compiles_a_few_programs():
         assert p.chosen.estimated_temp_bytes is not None and p.chosen.estimated_ms is not None
         # the uniform candidates were traced for their residual bytes, not compiled unless chosen
         assert {"all: nothing", "all: dots"} <= {c.label for c in p.candidates}
+
+
+def test_a_second_opinion_compiles_the_fastest_assignment_without_the_picks_main_policy():
+    x = jnp.linspace(-1, 1, 64 * X.shape[1]).reshape(64, X.shape[1])
+    alone = plan(loss, WS, x, memory_budget=0.9, measure=False)
+    both = plan(loss, WS, x, memory_budget=0.9, measure=False, second_opinion=True)
+
+    def compiled(p):
+        return {c.label: c for c in p.candidates if c.compiled is not None and c.label != "no checkpoint"}
+
+    extra = set(compiled(both)) - set(compiled(alone))
+    assert extra and both.feasible and both.chosen.temp_bytes <= both.limit_bytes
+    main = max(set(alone.chosen.policies) - {NONE}, key=alone.chosen.policies.count)
+    assert any(main not in compiled(both)[label].policies for label in extra)
+    assert both.chosen.predicted_ms <= alone.chosen.predicted_ms  # it only adds candidates

@@ -37,6 +37,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exhaustive", action="store_true",
                         help="compile every candidate of the families (slow; default: solve for the fastest "
                              "per-region assignment predicted to fit, compile it and the next leaner one)")
+    parser.add_argument("--second-opinion", action="store_true",
+                        help="also compile and time the fastest assignment without the pick's main policy")
     add_checkpoint_flags(parser, every_aliases=("--every",))
     add_keep_freed_memory_flag(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -58,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     task = build_task(args)
     loss, step_args = pure_step_loss(task)
     result = plan(loss, *step_args, memory_budget=budget, repeat=args.repeat, exhaustive=args.exhaustive,
+                  second_opinion=args.second_opinion,
                   progress=lambda line: print(line, file=sys.stderr, flush=True))
     plan_s = result.plan_s or 0.0  # plan() always measures it
     # the planner compiles the un-checkpointed step beside its other work, so its compile_s

@@ -1,8 +1,8 @@
-"""Each region's recompute time under each option, from one trace of the step's forward pass."""
+"""Each region's recompute time and kept bytes under each option, from one trace of the step's forward pass."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
@@ -13,16 +13,25 @@ from remat.planner.steering import apply_policies
 from remat.policies import is_no_checkpoint, resolve_policy
 
 
-def recompute_ms(step_fn: Callable[..., Any], args: tuple, n: int,
-                 options: Sequence[Any]) -> list[list[float]] | None:
-    """Per region, per option: the predicted ms its backward pass spends recomputing.
+class RegionCosts(NamedTuple):
+    """Per region, per option: ``ms`` recomputing, ``kept`` bytes kept for the backward pass
+    (its activation inputs and the values the option saves; all of them not checkpointed)."""
+
+    ms: list[list[float]]
+    kept: list[list[int]]
+
+
+def region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options: Sequence[Any]) -> RegionCosts | None:
+    """Each region's predicted recompute time and kept bytes under each option.
 
     One trace of the step with every region checkpointed shows each region's forward
     operations. Under a policy, a region recomputes every operation whose output the
     policy does not save (its backward reads nearly every intermediate); each costs what
     :func:`remat.analysis.budget.op_cost` says (the residual budget's own model: bytes
     read and written, and a matmul's or convolution's FLOPs, at this machine's rates).
-    Not checkpointed, a region recomputes nothing.
+    Not checkpointed, a region recomputes nothing and keeps every intermediate. The kept
+    bytes only share out each option's residual bytes among the regions (their sizes
+    differ where the blocks do, a CNN's shrinking ones say).
 
     Args:
       step_fn: the step.
@@ -31,11 +40,11 @@ def recompute_ms(step_fn: Callable[..., Any], args: tuple, n: int,
       options: the choices (``NONE``, a policy name, checkpoint names, a JAX policy).
 
     Returns:
-      ``[region][option]`` in ms, or None when the trace does not show the ``n``
+      The costs, ``[region][option]``, or None when the trace does not show the ``n``
       regions as checkpoint equations outside any loop (a scan's body, say).
 
     Example:
-      >>> recompute_ms(loss, (params, x), 4, [NONE, "nothing", "dots"])[0]  # doctest: +SKIP
+      >>> region_costs(loss, (params, x), 4, [NONE, "nothing", "dots"]).ms[0]  # doctest: +SKIP
       [0.0, 0.021, 0.008]
     """
     jaxpr = jax.make_jaxpr(lambda *a: apply_policies(step_fn, ("nothing",) * n)(*a))(*args)
@@ -43,28 +52,32 @@ def recompute_ms(step_fn: Callable[..., Any], args: tuple, n: int,
     if len(bodies) != n:
         return None
     policies = [None if is_no_checkpoint(o) else resolve_policy(o) for o in options]
-    rows = []
-    for body in bodies:
+    ms, kept = [], []
+    for inputs, body in bodies:
         ops = list(_leaf_eqns(body))
-        row = []
+        every = {v for e in ops for v in e.outvars}
+        ms_row, kept_row = [], []
         for option, policy in zip(options, policies):
-            if is_no_checkpoint(option):
-                row.append(0.0)
-                continue
-            saved = _saved_vars(ops, policy)
-            row.append(1e3 * sum(_cost(e) for e in ops if not all(v in saved for v in e.outvars)))
-        rows.append(row)
-    return rows
+            saved = every if is_no_checkpoint(option) else _saved_vars(ops, policy)
+            ms_row.append(1e3 * sum(_cost(e) for e in ops if not all(v in saved for v in e.outvars)))
+            kept_row.append(inputs + sum(aval_nbytes(v.aval) for v in saved))
+        ms.append(ms_row)
+        kept.append(kept_row)
+    return RegionCosts(ms, kept)
 
 
-def _region_bodies(jaxpr: Any) -> Iterator[Any]:
-    """The body of every checkpoint equation, in order, looking through jits and calls but
-    not into loops (a region in a loop body runs many times) or into the regions."""
+def _region_bodies(jaxpr: Any) -> Iterator[tuple[int, Any]]:
+    """``(activation input bytes, body)`` of every checkpoint equation, in order, looking
+    through jits and calls but not into loops (a region in a loop body runs many times)
+    or into the regions. An activation input is one computed in the step, not one of its
+    arguments (parameters, data)."""
     remat_p = xb.checkpoint_primitive()
+    produced = {v for e in jaxpr.eqns for v in e.outvars}
     for eqn in jaxpr.eqns:
         if eqn.primitive is remat_p:
             body = eqn.params["jaxpr"]
-            yield getattr(body, "jaxpr", body)
+            inputs = sum(aval_nbytes(v.aval) for v in eqn.invars if not xb.is_literal(v) and v in produced)
+            yield inputs, getattr(body, "jaxpr", body)
         elif eqn.primitive.name not in ("scan", "while"):
             for sub in xb.eqn_subjaxprs(eqn):
                 yield from _region_bodies(getattr(sub, "jaxpr", sub))

@@ -7,6 +7,7 @@ from typing import Any
 
 from remat.planner._assign import Assignment, RegionOption, describe, fastest_within, peak
 from remat.planner._candidate import CandidateSpec, PlanCandidate
+from remat.planner._costs import RegionCosts
 from remat.planner._families import no_checkpoint_spec
 from remat.planner._search import CandidateSearch
 from remat.planner.programs import _spec_label
@@ -77,56 +78,58 @@ class RegionModel:
         return dataclasses.replace(self, scale=slope, offset=mean_t - slope * mean_p)
 
 
-def region_model(none: PlanCandidate, uniform: Sequence[PlanCandidate], recompute: list[list[float]]) -> RegionModel:
+def region_model(none: PlanCandidate, uniform: Sequence[PlanCandidate], costs: RegionCosts) -> RegionModel:
     """The per-region costs: each option's residual bytes (one trace with every region
-    under it) split evenly over the regions, and each region's recompute time under it
-    (:func:`remat.planner._costs.recompute_ms`); a region's working set is what it keeps
-    un-checkpointed.
+    under it) shared out over the regions as their kept bytes are
+    (:func:`remat.planner._costs.region_costs`), and each region's recompute time under
+    it; a region's working set is what it keeps un-checkpointed.
 
     Args:
       none: the un-checkpointed step, traced (and compiled: else ``scale`` is 1 and the
         predicted times leave out the step's own time).
       uniform: one candidate per option but ``NONE``, traced with every region under it.
-      recompute: ``[region][option]`` recompute ms, ``NONE`` first.
+      costs: :func:`remat.planner._costs.region_costs`, ``NONE`` first.
 
     Returns:
       The model; its ``scale`` makes the un-checkpointed step's predicted peak its
       compiled temp bytes.
     """
-    n = len(recompute)
+    n = len(costs.ms)
     pool = [none, *uniform]
     base = (none.predicted_ms or 0.0) / n  # each region's share of the step's own time
-    options = tuple(tuple(RegionOption(_residuals(c) / n, base + row[j]) for j, c in enumerate(pool))
-                    for row in recompute)
+    totals = [max(sum(row[j] for row in costs.kept), 1) for j in range(len(pool))]
+    options = tuple(tuple(RegionOption(_residuals(c) * kept[j] / totals[j], base + ms[j]) for j, c in enumerate(pool))
+                    for ms, kept in zip(costs.ms, costs.kept))
     scale = none.compiled_temp_bytes() / max(_residuals(none), 1) if none.temp_bytes is not None else 1.0
-    return RegionModel(tuple(c.policies[0] for c in pool), options, (_residuals(none) / n,) * n, scale)
+    return RegionModel(tuple(c.policies[0] for c in pool), options, tuple(o[0].kept for o in options), scale)
 
 
 def fast_search(search: CandidateSearch, survey: _Survey, policies: Sequence[Any], budget: float,
-                recompute: list[list[float]]) -> tuple[PlanCandidate, list[PlanCandidate]]:
+                costs: RegionCosts, second_opinion: bool = False) -> tuple[PlanCandidate, list[PlanCandidate]]:
     """The un-checkpointed step, and the candidates weighed: every option on all regions
     (traced, compiled only if chosen), the predicted runner-up, and the finalists, compiled.
 
     Every option is traced once for its residual bytes; :func:`region_model` turns those
-    and ``recompute`` into per-region costs, and :func:`remat.planner._assign.fastest_within` gives the exact
+    and ``costs`` into per-region costs, and :func:`remat.planner._assign.fastest_within` gives the exact
     fastest assignment whose predicted peak is at most ``budget`` times the
-    un-checkpointed step's, and :func:`_other` a second opinion without the pick's main
-    policy. Neither needs a compile, so both compile in the background, and beside them
-    the un-checkpointed step (the budget's yardstick). If neither fits, the next two
+    un-checkpointed step's (with ``second_opinion``, :func:`_other` too: the fastest
+    without the pick's main policy). Neither needs a compile, so the pick compiles in the
+    background, and beside it the un-checkpointed step (the budget's yardstick). If no pick fits, the next two
     assignments down the model's front (the fastest below the least predicted peak that
     missed, and the fastest leaner than that) compile, at
     most ``ROUNDS`` rounds in all; if still nothing fits, the leanest
     assignments compile (every region keeping least, and the same with the last region
     un-checkpointed), so that the minimum reported is a compiled one. For budget 0 the
     finalists are the fastest assignment within 1% of the least predicted peak, and the
-    leanest.
+    leanest pair.
 
     Args:
       search: the search, not yet calibrated.
       survey: the step's regions (no scan over layers, no ``checkpoint_sequential``).
       policies: the options besides ``NONE``.
       budget: the memory budget, a fraction of the un-checkpointed step's temp bytes.
-      recompute: :func:`remat.planner._costs.recompute_ms` for ``NONE`` and ``policies``.
+      costs: :func:`remat.planner._costs.region_costs` for ``NONE`` and ``policies``.
+      second_opinion: compile and time :func:`_other` beside the pick.
 
     Returns:
       ``(the un-checkpointed step, the candidates)``.
@@ -134,17 +137,17 @@ def fast_search(search: CandidateSearch, survey: _Survey, policies: Sequence[Any
     n = survey.regions
     traced_none = search.trace(no_checkpoint_spec(survey))
     uniform = [search.trace(CandidateSpec(f"all: {_spec_label(p)}", (p,) * n)) for p in policies]
-    guess = region_model(traced_none, uniform, recompute)
+    guess = region_model(traced_none, uniform, costs)
     bound = _bound(guess, budget)  # in predicted-peak bytes, the same whatever the scale
     # predicted not to fit at all: the leanest compile at once, for the minimum reported
-    picks = _picks(guess, bound, budget, with_leaner=budget == 0, with_other=True) or _lean_pair(guess)
+    picks = _picks(guess, bound, budget, with_leaner=budget == 0, with_other=second_opinion) or _lean_pair(guess)
     pending = _confirm(search, guess, picks) if picks else None
     # the pick compiles longer than the un-checkpointed step (it recomputes), so it starts first
     waiting = search.start([no_checkpoint_spec(survey)])
     none = waiting()[0]
     limit = int(budget * none.compiled_temp_bytes())
     search.calibrate(none, limit)
-    model = region_model(none, uniform, recompute)
+    model = region_model(none, uniform, costs)
     picks = [model.assignment(a.choice) for a in picks]
     points = [(model.assignment((0,) * n).peak, float(none.compiled_temp_bytes()))]
     for a in picks:  # their predictions, now with the step's own time and temp bytes
@@ -186,7 +189,7 @@ def _picks(model: RegionModel, bound: float, budget: float, with_leaner: bool,
            with_other: bool = False) -> list[Assignment]:
     """The fastest assignment within ``bound``; with ``with_other`` also the fastest one
     without the policy it uses most (:func:`_other`); with ``with_leaner`` the next leaner
-    one (for budget 0, the leanest)."""
+    one (for budget 0, :func:`_lean_pair`)."""
     best = _fastest(model, bound)
     if best is None:
         return []
@@ -195,10 +198,9 @@ def _picks(model: RegionModel, bound: float, budget: float, with_leaner: bool,
     if other is not None and other.choice != best.choice:
         picks.append(other)
     if with_leaner:
-        leaner = _leanest(model) if budget == 0 else _fastest(model, best.peak * (1 - 1e-9))
-        if leaner is not None and leaner.choice != best.choice:
-            picks.append(leaner)
-    return picks
+        leaner = _lean_pair(model) if budget == 0 else [_fastest(model, best.peak * (1 - 1e-9))]
+        picks += [a for a in leaner if a is not None]
+    return list({a.choice: a for a in picks}.values())
 
 
 def _other(model: RegionModel, bound: float, best: Assignment) -> Assignment | None:

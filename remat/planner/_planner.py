@@ -8,7 +8,7 @@ from typing import Any
 
 from remat.analysis.budget import calibrate_once
 from remat.planner._candidate import PlanCandidate
-from remat.planner._costs import recompute_ms
+from remat.planner._costs import region_costs
 from remat.planner._families import family_specs, no_checkpoint_spec
 from remat.planner._fast import fast_search
 from remat.planner._mixed import mixed_spec, mixed_specs, uniform_costs
@@ -32,6 +32,7 @@ def plan(
     early_reject: bool = True,
     progress: Callable[[str], None] | None = None,
     exhaustive: bool = False,
+    second_opinion: bool = False,
 ) -> Plan:
     """Finds the fastest way to checkpoint ``step_fn`` whose compiled temp memory fits.
 
@@ -62,6 +63,10 @@ def plan(
         per-region assignment predicted to fit, and compiles only that one and the next
         leaner one to confirm (``docs/planner.md``, "The default search"); other steps,
         and ``exhaustive=True``, compile every candidate.
+      second_opinion: the default search also compiles, and times beside its pick, the
+        fastest assignment that does without the pick's main policy (the time model's
+        errors between policies are larger than its margins; this costs about one more
+        compile and a timing run; ``remat plan --second-opinion``).
 
     Returns:
       A :class:`Plan`; ``plan.apply(step_fn)`` runs the step the planned way.
@@ -83,14 +88,19 @@ def plan(
     calibrate_once()  # predicted_ms at this machine's FLOP and byte rates, not defaults
     fast = not exhaustive and n > 0 and not survey.scan_depths and not survey.sequential_lengths
     options = [*policies, *([tuple(survey.names)] if survey.names else [])]
-    recompute = recompute_ms(step_fn, args, n, [NONE, *options]) if fast else None
-    fast = recompute is not None
+    costs = region_costs(step_fn, args, n, [NONE, *options]) if fast else None
+    fast = costs is not None
     search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache,
                              early_reject and not fast, lean=budget == 0, progress=progress)
     if fast:
-        assert recompute is not None
-        none, pool = fast_search(search, survey, options, budget, recompute)
-        pool = [none, *pool]
+        assert costs is not None
+        none, pool = fast_search(search, survey, options, budget, costs, second_opinion)
+        # what earlier plans of this step compiled into cache= is weighed too, at no cost
+        # (a sweep down the budgets then never forgets a plan that still fits)
+        seen = {c.label for c in pool} | {none.label}
+        earlier = [c for c in search.cache.values() if c.compiled is not None and c.label not in seen
+                   and c.scan is None and c.sequential is None and len(c.policies) == n]
+        pool = [none, *pool, *earlier]
     else:
         none = search.evaluate(no_checkpoint_spec(survey))
         search.calibrate(none, int(budget * none.compiled_temp_bytes()))
