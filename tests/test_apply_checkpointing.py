@@ -479,7 +479,9 @@ def test_plan_redecides_applied_regions_as_hand_written_ones_and_picks_modules()
     x = _x(256)
     applied, hand = _mixer(width=128), HandWrittenMixer(16, 128, DEPTH, 8, rngs=nnx.Rngs(0))
     remat.apply_checkpointing(applied, MixerBlock)
-    kwargs = dict(memory_budget=0.5, measure=False, policies=("nothing", "dots"), budget_fractions=(0.5,))
+    # the compile-everything search, whose candidate families (budgets, "first k") are checked below
+    kwargs = dict(memory_budget=0.5, measure=False, policies=("nothing", "dots"), budget_fractions=(0.5,),
+                  exhaustive=True)
     loss, state = _pure_loss(applied)
     planned = plan(loss, state, x, **kwargs)
     hand_loss, hand_state = _pure_loss(hand)
@@ -497,6 +499,11 @@ def test_plan_redecides_applied_regions_as_hand_written_ones_and_picks_modules()
     assert_trees_close(grads, jax.jit(jax.grad(loss))(state, x), rtol=1e-5, atol=1e-6)
     prefix = next(c for c in planned.candidates if c.label.startswith("first "))
     assert NONE in prefix.policies or "dots" in prefix.policies
+    # the default search, region by region, decides the applied regions as the hand-written ones
+    fast = plan(loss, state, x, memory_budget=0.5, measure=False, policies=("nothing", "dots"))
+    fast_by_hand = plan(hand_loss, hand_state, x, memory_budget=0.5, measure=False, policies=("nothing", "dots"))
+    assert fast.chosen.policies == fast_by_hand.chosen.policies
+    assert fast.chosen.temp_bytes == fast_by_hand.chosen.temp_bytes <= fast.limit_bytes
 
 
 # --- the PyTorch twins -----------------------------------------------------------------
