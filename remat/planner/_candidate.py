@@ -33,13 +33,18 @@ class PlanCandidate:
       sequential: the segment count of every ``checkpoint_sequential``; None: as written.
       program: a fingerprint of the optimized HLO; equal programs are timed once.
       lowered: a fingerprint of the lowered program; equal ones are compiled once.
-      compiled: the compiled ``jit(grad(step))``, timed without a second compile.
+      compiled: the compiled ``jit(grad(step))``; timed without a second compile unless
+        ``memory_only``.
       whole_step: the whole step checkpointed once more around its regions.
       residual_bytes: bytes the backward keeps besides the step's inputs.
       compile_s: seconds its program took to compile, when it compiled alone (None: with others).
       estimated_temp_bytes, estimated_ms: predicted before compiling, from its residual bytes
         and its lowered program's cost (None: not estimated).
       estimated_cost: the lowered program's ``(flops, bytes accessed)``.
+      memory_only: ``compiled`` was built for its memory and cost analyses alone, with
+        LLVM's optimizations off: the same optimized HLO and buffers in less compile time,
+        but slower code; :meth:`executable` compiles it fully to run.
+      lowering: the lowered program (kept where ``memory_only``, for :meth:`executable`).
     """
 
     label: str
@@ -59,6 +64,15 @@ class PlanCandidate:
     estimated_temp_bytes: int | None = None
     estimated_ms: float | None = None
     estimated_cost: tuple[float, float] | None = None
+    memory_only: bool = False
+    lowering: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    def executable(self) -> Any:
+        """The compiled step at full optimization, to run or time (compiled now where the
+        search compiled it for its memory alone; JAX keeps the result for later calls)."""
+        if self.compiled is None:
+            raise ValueError(f"candidate {self.label!r} was not compiled")
+        return self.lowering.compile() if self.memory_only else self.compiled
 
     @property
     def spec(self) -> CandidateSpec:

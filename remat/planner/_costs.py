@@ -5,6 +5,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
+from jax.extend import core as jcore
 
 from remat import _jax as xb
 from remat._core.residuals import aval_nbytes
@@ -15,10 +16,12 @@ from remat.policies import is_no_checkpoint, resolve_policy
 
 class RegionCosts(NamedTuple):
     """Per region, per option: ``ms`` recomputing, ``kept`` bytes kept for the backward pass
-    (its activation inputs and the values the option saves; all of them not checkpointed)."""
+    (what JAX keeps of the region for its backward pass: its activation inputs and the
+    values the option saves; not checkpointed, what its own backward needs)."""
 
     ms: list[list[float]]
     kept: list[list[int]]
+    options: list[Any]
 
 
 def region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options: Sequence[Any]) -> RegionCosts | None:
@@ -29,9 +32,9 @@ def region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options: Sequ
     policy does not save (its backward reads nearly every intermediate); each costs what
     :func:`remat.analysis.budget.op_cost` says (the residual budget's own model: bytes
     read and written, and a matmul's or convolution's FLOPs, at this machine's rates).
-    Not checkpointed, a region recomputes nothing and keeps every intermediate. The kept
-    bytes only share out each option's residual bytes among the regions (their sizes
-    differ where the blocks do, a CNN's shrinking ones say).
+    Not checkpointed, a region recomputes nothing. The kept bytes are exact: the residuals
+    of ``jax.vjp`` of the region's body under each option (:func:`_kept_bytes`), traced
+    once per distinct body (a stack of identical blocks traces one).
 
     Args:
       step_fn: the step.
@@ -53,31 +56,59 @@ def region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options: Sequ
         return None
     policies = [None if is_no_checkpoint(o) else resolve_policy(o) for o in options]
     ms, kept = [], []
-    for inputs, body in bodies:
-        ops = list(_leaf_eqns(body))
-        every = {v for e in ops for v in e.outvars}
-        ms_row, kept_row = [], []
-        for option, policy in zip(options, policies):
-            saved = every if is_no_checkpoint(option) else _saved_vars(ops, policy)
-            ms_row.append(1e3 * sum(_cost(e) for e in ops if not all(v in saved for v in e.outvars)))
-            kept_row.append(inputs + sum(aval_nbytes(v.aval) for v in saved))
-        ms.append(ms_row)
-        kept.append(kept_row)
-    return RegionCosts(ms, kept)
+    known: dict[tuple[str, tuple[bool, ...]], tuple[list[float], list[int]]] = {}
+    for computed, body in bodies:
+        key = (str(body), computed)  # identical blocks print alike: one trace per distinct body
+        if key not in known:
+            ops = list(_leaf_eqns(body.jaxpr))
+            ms_row, kept_row = [], []
+            for option, policy in zip(options, policies):
+                unchecked = is_no_checkpoint(option)
+                saved = {v for e in ops for v in e.outvars} if unchecked else _saved_vars(ops, policy)
+                ms_row.append(1e3 * sum(_cost(e) for e in ops if not all(v in saved for v in e.outvars)))
+                kept_row.append(_kept_bytes(body, computed, policy, checkpointed=not unchecked))
+            known[key] = ms_row, kept_row
+        ms.append(list(known[key][0]))
+        kept.append(list(known[key][1]))
+    return RegionCosts(ms, kept, list(options))
 
 
-def _region_bodies(jaxpr: Any) -> Iterator[tuple[int, Any]]:
-    """``(activation input bytes, body)`` of every checkpoint equation, in order, looking
-    through jits and calls but not into loops (a region in a loop body runs many times)
-    or into the regions. An activation input is one computed in the step, not one of its
-    arguments (parameters, data)."""
+def _kept_bytes(body: Any, computed: tuple[bool, ...], policy: Any, checkpointed: bool) -> int:
+    """Bytes a region keeps for its backward pass: the residuals of ``jax.vjp`` of its
+    body, less the inputs that are the step's arguments (parameters and data are held anyway).
+
+    Args:
+      body: the region's body, a closed jaxpr.
+      computed: per input of ``body``, whether the step computed it (an activation).
+      policy: the JAX policy it is checkpointed with (None: save nothing).
+      checkpointed: False: the body is not checkpointed (``policy`` is ignored).
+    """
+    fn = jcore.jaxpr_as_fun(body)
+    if checkpointed:
+        fn = jax.checkpoint(fn, policy=policy)
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in body.jaxpr.invars]
+    traced, shapes = jax.make_jaxpr(lambda *xs: jax.vjp(fn, *xs), return_shape=True)(*avals)
+    jaxpr = traced.jaxpr
+    count = jax.tree_util.tree_structure(shapes[1]).num_leaves
+    residuals = {v for v in jaxpr.outvars[len(jaxpr.outvars) - count:] if not xb.is_literal(v)}
+    position = {v: i for i, v in enumerate(jaxpr.invars)}
+    constants = set(jaxpr.constvars)
+    return sum(aval_nbytes(v.aval) for v in residuals
+               if (computed[position[v]] if v in position else v not in constants))
+
+
+def _region_bodies(jaxpr: Any) -> Iterator[tuple[tuple[bool, ...], Any]]:
+    """``(computed, body)`` of every checkpoint equation, in order, looking through jits
+    and calls but not into loops (a region in a loop body runs many times) or into the
+    regions. ``body`` is a closed jaxpr; ``computed`` says, per input, whether the step
+    computed it (an activation), not took it as an argument (parameters, data)."""
     remat_p = xb.checkpoint_primitive()
     produced = {v for e in jaxpr.eqns for v in e.outvars}
     for eqn in jaxpr.eqns:
         if eqn.primitive is remat_p:
             body = eqn.params["jaxpr"]
-            inputs = sum(aval_nbytes(v.aval) for v in eqn.invars if not xb.is_literal(v) and v in produced)
-            yield inputs, getattr(body, "jaxpr", body)
+            closed = body if hasattr(body, "jaxpr") else jcore.ClosedJaxpr(body, ())
+            yield tuple(not xb.is_literal(v) and v in produced for v in eqn.invars), closed
         elif eqn.primitive.name not in ("scan", "while"):
             for sub in xb.eqn_subjaxprs(eqn):
                 yield from _region_bodies(getattr(sub, "jaxpr", sub))

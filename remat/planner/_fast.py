@@ -20,7 +20,7 @@ ROUNDS = 4
 
 @dataclasses.dataclass(frozen=True)
 class RegionModel:
-    """What one region costs under each option, from the uniform candidates' traces.
+    """What each region costs under each option (:func:`region_model`).
 
     Attributes:
       policies: the options, ``NONE`` (not checkpointed) first.
@@ -78,76 +78,75 @@ class RegionModel:
         return dataclasses.replace(self, scale=slope, offset=mean_t - slope * mean_p)
 
 
-def region_model(none: PlanCandidate, uniform: Sequence[PlanCandidate], costs: RegionCosts) -> RegionModel:
-    """The per-region costs: each option's residual bytes (one trace with every region
-    under it) shared out over the regions as their kept bytes are
-    (:func:`remat.planner._costs.region_costs`), and each region's recompute time under
-    it; a region's working set is what it keeps un-checkpointed.
+def region_model(costs: RegionCosts, none: PlanCandidate | None = None) -> RegionModel:
+    """The per-region costs: each option's kept bytes and recompute time
+    (:func:`remat.planner._costs.region_costs`); a region's working set is what it keeps
+    un-checkpointed.
 
     Args:
-      none: the un-checkpointed step, traced (and compiled: else ``scale`` is 1 and the
-        predicted times leave out the step's own time).
-      uniform: one candidate per option but ``NONE``, traced with every region under it.
       costs: :func:`remat.planner._costs.region_costs`, ``NONE`` first.
+      none: the un-checkpointed step, compiled (None: not yet; then ``scale`` is 1 and the
+        predicted times leave out the step's own time, which every assignment shares).
 
     Returns:
       The model; its ``scale`` makes the un-checkpointed step's predicted peak its
       compiled temp bytes.
     """
     n = len(costs.ms)
-    pool = [none, *uniform]
-    base = (none.predicted_ms or 0.0) / n  # each region's share of the step's own time
-    totals = [max(sum(row[j] for row in costs.kept), 1) for j in range(len(pool))]
-    options = tuple(tuple(RegionOption(_residuals(c) * kept[j] / totals[j], base + ms[j]) for j, c in enumerate(pool))
+    base = (none.predicted_ms or 0.0) / n if none is not None else 0.0  # each region's share of the step's own time
+    options = tuple(tuple(RegionOption(float(k), base + t) for t, k in zip(ms, kept))
                     for ms, kept in zip(costs.ms, costs.kept))
-    scale = none.compiled_temp_bytes() / max(_residuals(none), 1) if none.temp_bytes is not None else 1.0
-    return RegionModel(tuple(c.policies[0] for c in pool), options, tuple(o[0].kept for o in options), scale)
+    working = tuple(o[0].kept for o in options)
+    model = RegionModel(tuple(costs.options), options, working, 1.0)
+    if none is None:
+        return model
+    return dataclasses.replace(model, scale=none.compiled_temp_bytes() / max(model.assignment((0,) * n).peak, 1.0))
 
 
-def fast_search(search: CandidateSearch, survey: _Survey, policies: Sequence[Any], budget: float,
-                costs: RegionCosts, second_opinion: bool = False) -> tuple[PlanCandidate, list[PlanCandidate]]:
+def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: RegionCosts,
+                second_opinion: bool = False) -> tuple[PlanCandidate, list[PlanCandidate]]:
     """The un-checkpointed step, and the candidates weighed: every option on all regions
-    (traced, compiled only if chosen), the predicted runner-up, and the finalists, compiled.
+    (predicted, compiled only if chosen), the predicted runner-up, and the finalists, compiled.
 
-    Every option is traced once for its residual bytes; :func:`region_model` turns those
-    and ``costs`` into per-region costs, and :func:`remat.planner._assign.fastest_within` gives the exact
-    fastest assignment whose predicted peak is at most ``budget`` times the
-    un-checkpointed step's (with ``second_opinion``, :func:`_other` too: the fastest
-    without the pick's main policy). Neither needs a compile, so the pick compiles in the
-    background, and beside it the un-checkpointed step (the budget's yardstick). If no pick fits, the next two
+    :func:`region_model` turns ``costs`` into per-region costs, and
+    :func:`remat.planner._assign.fastest_within` gives the exact fastest assignment whose
+    predicted peak is at most ``budget`` times the un-checkpointed step's (with
+    ``second_opinion``, :func:`_other` too: the fastest without the pick's main policy).
+    Neither needs a compile, so the pick compiles in the background, and beside it the
+    un-checkpointed step (the budget's yardstick). If no pick fits, the next two
     assignments down the model's front (the fastest below the least predicted peak that
-    missed, and the fastest leaner than that) compile, at
-    most ``ROUNDS`` rounds in all; if still nothing fits, the leanest
-    assignments compile (every region keeping least, and the same with the last region
-    un-checkpointed), so that the minimum reported is a compiled one. For budget 0 the
-    finalists are the fastest assignment within 1% of the least predicted peak, and the
-    leanest pair.
+    missed, and the fastest leaner than that) compile, at most ``ROUNDS`` rounds in all;
+    if still nothing fits, the leanest assignments compile (every region keeping least,
+    and the same with the last region un-checkpointed), so that the minimum reported is a
+    compiled one. For budget 0 the finalists are the fastest assignment within 1% of the
+    least predicted peak, and the leanest pair.
 
     Args:
       search: the search, not yet calibrated.
       survey: the step's regions (no scan over layers, no ``checkpoint_sequential``).
-      policies: the options besides ``NONE``.
       budget: the memory budget, a fraction of the un-checkpointed step's temp bytes.
-      costs: :func:`remat.planner._costs.region_costs` for ``NONE`` and ``policies``.
+      costs: :func:`remat.planner._costs.region_costs` for ``NONE`` and the policies.
       second_opinion: compile and time :func:`_other` beside the pick.
 
     Returns:
       ``(the un-checkpointed step, the candidates)``.
     """
     n = survey.regions
-    traced_none = search.trace(no_checkpoint_spec(survey))
-    uniform = [search.trace(CandidateSpec(f"all: {_spec_label(p)}", (p,) * n)) for p in policies]
-    guess = region_model(traced_none, uniform, costs)
+    guess = region_model(costs)
+    # the un-checkpointed step (the budget's yardstick) compiles first, while the pick is
+    # chosen and lowered: two compiles at once on two cores take longer than one after the other
+    unchecked = no_checkpoint_spec(survey)
+    search.cache.setdefault(unchecked.label, PlanCandidate(unchecked.label, unchecked.policies,
+                                                           residual_bytes=int(sum(guess.working))))
+    waiting = search.start([unchecked])
     bound = _bound(guess, budget)  # in predicted-peak bytes, the same whatever the scale
     # predicted not to fit at all: the leanest compile at once, for the minimum reported
     picks = _picks(guess, bound, budget, with_leaner=budget == 0, with_other=second_opinion) or _lean_pair(guess)
     pending = _confirm(search, guess, picks) if picks else None
-    # the pick compiles longer than the un-checkpointed step (it recomputes), so it starts first
-    waiting = search.start([no_checkpoint_spec(survey)])
     none = waiting()[0]
     limit = int(budget * none.compiled_temp_bytes())
     search.calibrate(none, limit)
-    model = region_model(none, uniform, costs)
+    model = region_model(costs, none)
     picks = [model.assignment(a.choice) for a in picks]
     points = [(model.assignment((0,) * n).peak, float(none.compiled_temp_bytes()))]
     for a in picks:  # their predictions, now with the step's own time and temp bytes
@@ -170,9 +169,10 @@ def fast_search(search: CandidateSearch, survey: _Survey, policies: Sequence[Any
         pending = _confirm(search, model, picks) if picks else None
     if budget > 0 and not any(c.fits_in(limit) for c in finalists.values()):
         finalists.update((c.label, c) for c in _confirm(search, model, _lean_pair(model))())
-    # the model's runner-up: the fastest other assignment predicted to fit, not compiled
+    # every option on all regions, and the model's runner-up: predicted, not compiled
+    shown = [_estimated(search, model, model.assignment((j,) * n)) for j in range(1, len(model.policies))]
+    shown = [c for c in shown if c.label not in finalists]
     best = _fastest(model, bound)
-    shown = [search.cache[c.label] for c in uniform if c.label not in finalists]
     if best is not None:
         up = _runner_up(model, bound, best, set(finalists))
         if up is not None:
@@ -256,9 +256,14 @@ def _leanest(model: RegionModel) -> Assignment:
 
 
 def _estimated(search: CandidateSearch, model: RegionModel, a: Assignment) -> PlanCandidate:
-    """The candidate of assignment ``a``, traced, with its predicted temp bytes and time."""
+    """The candidate of assignment ``a`` with its predicted temp bytes and time; its
+    residual bytes are its regions' kept bytes (no trace: :func:`region_model` knows them)."""
     spec = model.spec(a)
-    c = search.cache[spec.label] = dataclasses.replace(search.trace(spec), estimated_temp_bytes=model.temp_bytes(a),
+    kept = sum(model.options[i][j].kept for i, j in enumerate(a.choice))
+    known = search.cache.get(spec.label)
+    if known is None:
+        known = PlanCandidate(spec.label, spec.policies, residual_bytes=int(kept))
+    c = search.cache[spec.label] = dataclasses.replace(known, estimated_temp_bytes=model.temp_bytes(a),
                                                        estimated_ms=a.ms)
     return c
 
@@ -269,9 +274,4 @@ def _confirm(search: CandidateSearch, model: RegionModel,
     time); the function returned waits for them."""
     for a in picks:
         _estimated(search, model, a)
-    return search.start([model.spec(a) for a in picks])
-
-
-def _residuals(c: PlanCandidate) -> int:
-    assert c.residual_bytes is not None, f"candidate {c.label!r} was not traced"
-    return c.residual_bytes
+    return search.start([model.spec(a) for a in picks], memory_only=True)

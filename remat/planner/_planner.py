@@ -94,7 +94,7 @@ def plan(
                              early_reject and not fast, lean=budget == 0, progress=progress)
     if fast:
         assert costs is not None
-        none, pool = fast_search(search, survey, options, budget, costs, second_opinion)
+        none, pool = fast_search(search, survey, budget, costs, second_opinion)
         # what earlier plans of this step compiled into cache= is weighed too, at no cost
         # (a sweep down the budgets then never forgets a plan that still fits)
         seen = {c.label for c in pool} | {none.label}
@@ -151,9 +151,10 @@ def _timed(pool: list[PlanCandidate], args: tuple, repeat: int) -> list[PlanCand
     one program is timed once,
     whatever its spellings (timing it against itself would only let the machine's noise
     choose among equal programs)."""
-    programs = {c.program: c.compiled for c in pool if c.fits}
-    if len(programs) < 2:  # nothing to choose between: the one program that fits is the plan
+    fitting = {c.program: c for c in pool if c.fits}
+    if len(fitting) < 2:  # nothing to choose between: the one program that fits is the plan
         return pool
+    programs = {program: c.executable() for program, c in fitting.items()}
     times = dict(zip(programs, time_side_by_side(list(programs.values()), args, repeat)))
     return [dataclasses.replace(c, measured_ms=times.get(c.program) if c.fits else None) for c in pool]
 
