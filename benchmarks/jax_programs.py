@@ -169,7 +169,7 @@ def jax_program(built: Built, variant: str) -> JaxProgram:
         if p.chosen is None:
             raise PlanInfeasible(f"{variant}: the budget cannot be met (minimum {p.minimum_bytes} temp bytes, "
                                  f"{p.minimum_bytes / p.none_temp_bytes:.2f} of no checkpoint)")
-        return JaxProgram(variant, p.apply(loss), params, x, y, p.chosen.compiled, time.perf_counter() - t0,
+        return JaxProgram(variant, p.apply(loss), params, x, y, p.chosen.executable(), time.perf_counter() - t0,
                           p.chosen.temp_bytes, plan=p)
     step = compiled_step(loss, params, x, y)
     return JaxProgram(variant, loss, params, x, y, step.executable, step.compile_s, step.memory.temp_bytes)

@@ -97,7 +97,7 @@ def run_one(model: str, depth: int, repeat: int, log) -> list[dict]:
     timed = {r["program"]: r["compiled"] for r in oracle if r["temp_bytes"] <= top or r["temp_bytes"] <= 1.01 * least}
     for p, _ in plans.values():
         if p.chosen is not None:
-            timed.setdefault(p.chosen.program, p.chosen.compiled)
+            timed.setdefault(p.chosen.program, p.chosen.executable())
     log(f"{model} {depth}: timing {len(timed)} programs side by side, {repeat} rounds")
     medians = time_programs([functools.partial(c, *step_args) for c in timed.values()], rounds=repeat).medians_ms()
     ms = dict(zip(timed, medians))

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                     # one program is timed once, however many roles or spellings it has (the
                     # plan may compile to the best fixed policy, or to nothing itself): timing
                     # it against itself measures only the machine's noise
-                    unique = {c.program: functools.partial(c.compiled, *step_args)
+                    unique = {c.program: functools.partial(c.executable(), *step_args)
                               for c in (p.chosen, everything, best, nothing) if c is not None}
                     timings = time_programs(list(unique.values()), rounds=2 * args.repeat)
                     ms = dict(zip(unique, timings.medians_ms()))
@@ -147,7 +147,7 @@ def sweep(out: str, repeat: int) -> int:
         for i in range(20, -1, -1):
             budget = round(0.05 * i, 2)
             plans.append((budget, plan(loss, *step_args, memory_budget=budget, measure=False, cache=cache)))
-        chosen = {p.chosen.program: p.chosen.compiled for _, p in plans if p.chosen is not None}
+        chosen = {p.chosen.program: p.chosen.executable() for _, p in plans if p.chosen is not None}
         timings = time_programs([functools.partial(c, *step_args) for c in chosen.values()], rounds=repeat)
         medians = dict(zip(chosen, timings.medians_ms()))
         # the noise: each program's rounds, their spread around the median

@@ -65,8 +65,36 @@ def test_the_default_search_fits_and_compiles_a_few_programs():
         compiled = [c for c in p.candidates if c.compiled is not None]
         assert 2 <= len(compiled) <= 6 < 4 ** len(WS)
         assert p.chosen.estimated_temp_bytes is not None and p.chosen.estimated_ms is not None
-        # the uniform candidates were traced for their residual bytes, not compiled unless chosen
+        # the uniform candidates are predicted (their regions' kept bytes), compiled only if picked
         assert {"all: nothing", "all: dots"} <= {c.label for c in p.candidates}
+        # the confirming compiles were for memory alone; the plan's program runs fully compiled
+        confirmed = [c for c in compiled if c.label != "no checkpoint"]
+        assert confirmed and all(c.memory_only and c.lowering is not None for c in confirmed)
+        none = next(c for c in p.candidates if c.label == "no checkpoint")
+        assert not none.memory_only and none.executable() is none.compiled
+        step = p.chosen.executable()
+        assert step is not p.chosen.compiled
+        for got, want in zip(step(WS, x), p.chosen.compiled(WS, x)):
+            # the same HLO; LLVM's code generation may order float operations otherwise
+            assert jnp.allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("model", ["mlp", "transformer", "cnn"])
+def test_a_memory_only_compile_has_the_full_compiles_hlo_and_temp_bytes(model):
+    # the planner confirms its picks with LLVM's optimizations off (MEMORY_ONLY): it relies
+    # on XLA's HLO passes and buffer assignment being the same as a full compile's
+    from remat.analysis.compiled import CompiledMemory
+    from remat.models.tasks import make_task, pure_step_loss
+    from remat.planner import apply_policies, count_regions, lower_step, program_fingerprint
+    from remat.planner._search import MEMORY_ONLY
+
+    step, args = pure_step_loss(make_task(model, depth=3, seed=0))
+    n = count_regions(step, *args)
+    for policies in [(NONE,) * n, ("nothing",) * n, ("dots",) * n, ("nothing", "dots_no_batch", NONE)[:n]]:
+        lowered = lower_step(apply_policies(step, policies), args)
+        full, lean = lowered.compile(), lowered.compile(MEMORY_ONLY)
+        assert CompiledMemory.from_compiled(lean) == CompiledMemory.from_compiled(full)
+        assert program_fingerprint(lean) == program_fingerprint(full)
 
 
 def test_a_second_opinion_compiles_the_fastest_assignment_without_the_picks_main_policy():

@@ -2,7 +2,6 @@
 import json
 
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 # test_planner's four residual blocks, with a batch of 64 so that the blocks' hidden
@@ -63,7 +62,9 @@ def test_the_plan_says_why_and_what_each_region_keeps():
         if r["policy"] == "no_checkpoint":
             # one block's own values: at least its two (B, D) hidden activations
             assert r["measured_bytes"] >= 2 * B * D * 4
-            assert r["predicted_bytes"] == np.round(r["predicted_bytes"])
+        # the model's per-region bytes are the region body's own residuals: what one trace of
+        # the whole step with that region alone planned measures, within a boundary value
+        assert abs(r["predicted_bytes"] - r["measured_bytes"]) <= B * D * 4
 
 
 def test_plan_cli_json_reports_plan_and_compile_seconds_and_regions(capsys):

@@ -8,6 +8,7 @@ import jax
 from jax.extend import core as jcore
 
 from remat import _jax as xb
+from remat._core.lowering import classic_checkpoint
 from remat._core.residuals import aval_nbytes
 from remat.analysis.budget import op_cost
 from remat.planner.steering import apply_policies
@@ -84,8 +85,8 @@ def _kept_bytes(body: Any, computed: tuple[bool, ...], policy: Any, checkpointed
       checkpointed: False: the body is not checkpointed (``policy`` is ignored).
     """
     fn = jcore.jaxpr_as_fun(body)
-    if checkpointed:
-        fn = jax.checkpoint(fn, policy=policy)
+    if checkpointed:  # as remat's regions are built, whatever jax_remat3 says
+        fn = classic_checkpoint(fn, policy=policy)
     avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in body.jaxpr.invars]
     traced, shapes = jax.make_jaxpr(lambda *xs: jax.vjp(fn, *xs), return_shape=True)(*avals)
     jaxpr = traced.jaxpr

@@ -6,6 +6,7 @@ from typing import Any
 
 from remat._core.apply import region_paths
 from remat.analysis import saved_residuals
+from remat.planner._costs import region_costs
 from remat.planner._plan import Plan
 from remat.planner.programs import _spec_label
 from remat.planner.steering import AS_WRITTEN, apply_policies
@@ -14,12 +15,12 @@ from remat.planner.steering import AS_WRITTEN, apply_policies
 def region_choices(plan: Plan, step_fn: Callable[..., Any], *args: Any) -> list[dict[str, Any]]:
     """Per region of ``plan.chosen``: its policy, and the residual bytes it adds to full rematerialization.
 
-    ``predicted_bytes`` is the cost model's figure: the uniform candidate of the same
-    policy, its residual bytes above the all-``"nothing"`` candidate's, divided over the
-    regions (None where no uniform candidate of that policy was traced).
-    ``measured_bytes`` is one trace with this region as planned and every other region
-    fully rematerialized (policy ``"nothing"``), less the all-``"nothing"`` trace: the
-    region's own kept values, its input aside.
+    ``predicted_bytes`` is the cost model's figure: what the region's body keeps under its
+    policy above what it keeps under ``"nothing"`` (:func:`remat.planner._costs.region_costs`,
+    the default search's per-region kept bytes). ``measured_bytes`` is one trace of the
+    whole step with this region as planned and every other region fully rematerialized
+    (policy ``"nothing"``), less the all-``"nothing"`` trace: the region's own kept
+    values, its input aside.
 
     Args:
       plan: a feasible plan of ``step_fn``.
@@ -39,17 +40,16 @@ def region_choices(plan: Plan, step_fn: Callable[..., Any], *args: Any) -> list[
     n = len(chosen.policies)
     paths = region_paths(step_fn, *args)
     base = saved_residuals(apply_policies(step_fn, ("nothing",) * n), *args).residual_bytes
-    uniform = {}
-    for c in plan.candidates:
-        labels = {_spec_label(p) for p in c.policies}
-        if len(labels) == 1 and len(c.policies) == n and not c.whole_step and c.residual_bytes is not None:
-            uniform.setdefault(labels.pop(), c.residual_bytes)
+    options = list({_spec_label(p): p for p in ("nothing", *chosen.policies) if _spec_label(p) != AS_WRITTEN}.items())
+    costs = region_costs(step_fn, args, n, [p for _, p in options])
+    column = {label: j for j, (label, _) in enumerate(options)}
     out = []
     for i, spec in enumerate(chosen.policies):
         label = _spec_label(spec)
         alone = ("nothing",) * i + (spec,) + ("nothing",) * (n - i - 1)
         measured = saved_residuals(apply_policies(step_fn, alone), *args).residual_bytes - base
-        predicted = (uniform[label] - base) / n if label in uniform and label != AS_WRITTEN else None
+        predicted = (costs.kept[i][column[label]] - costs.kept[i][0]
+                     if costs is not None and label in column else None)
         path = paths[i] if i < len(paths) else None
         out.append({"index": i, "path": ".".join(map(str, path)) if path is not None else None, "policy": label,
                     "predicted_bytes": None if predicted is None else int(predicted), "measured_bytes": measured})
