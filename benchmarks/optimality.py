@@ -76,6 +76,7 @@ def run_one(model: str, depth: int, repeat: int, log) -> list[dict]:
     """The rows of one model and depth: the plan at every budget beside the oracle."""
     from remat.analysis import time_programs
     from remat.planner import count_regions, plan
+    from remat.planner.programs import MIN_SAMPLE_S
 
     loss, step_args = _task(model, depth)
     n = count_regions(loss, *step_args)
@@ -99,7 +100,8 @@ def run_one(model: str, depth: int, repeat: int, log) -> list[dict]:
         if p.chosen is not None:
             timed.setdefault(p.chosen.program, p.chosen.executable())
     log(f"{model} {depth}: timing {len(timed)} programs side by side, {repeat} rounds")
-    medians = time_programs([functools.partial(c, *step_args) for c in timed.values()], rounds=repeat).medians_ms()
+    medians = time_programs([functools.partial(c, *step_args) for c in timed.values()], rounds=repeat,
+                            min_sample_s=MIN_SAMPLE_S).medians_ms()
     ms = dict(zip(timed, medians))
     # the fastest of many noisy medians is biased low (on a loaded machine the same program's
     # median moved by 30% between runs): the plan's program and each budget's five fastest
@@ -112,7 +114,7 @@ def run_one(model: str, depth: int, repeat: int, log) -> list[dict]:
             finalists[k] = timed[k]
     log(f"{model} {depth}: timing {len(finalists)} finalists again, {3 * repeat} rounds")
     again = time_programs([functools.partial(c, *step_args) for c in finalists.values()],
-                          rounds=3 * repeat).medians_ms()
+                          rounds=3 * repeat, min_sample_s=MIN_SAMPLE_S).medians_ms()
     ms_again = dict(zip(finalists, again))
     out = []
     for budget, (p, plan_s) in plans.items():

@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         return sweep(args.out, args.repeat)
     from remat.analysis import time_programs
     from remat.planner import plan
+    from remat.planner.programs import MIN_SAMPLE_S
 
     fixed = {"all: nothing", "all: dots_no_batch", "all: dots", "no checkpoint"}
     rows = []
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                     # it against itself measures only the machine's noise
                     unique = {c.program: functools.partial(c.executable(), *step_args)
                               for c in (p.chosen, everything, best, nothing) if c is not None}
-                    timings = time_programs(list(unique.values()), rounds=2 * args.repeat)
+                    timings = time_programs(list(unique.values()), rounds=2 * args.repeat,
+                                            min_sample_s=MIN_SAMPLE_S)
                     ms = dict(zip(unique, timings.medians_ms()))
                     row["chosen_ms"] = ms[p.chosen.program]
                     if everything is not None:
@@ -138,6 +140,7 @@ def sweep(out: str, repeat: int) -> int:
 
     from remat.analysis import time_programs
     from remat.planner import plan
+    from remat.planner.programs import MIN_SAMPLE_S
 
     rows = []
     for model in ("mlp", "transformer"):
@@ -148,7 +151,8 @@ def sweep(out: str, repeat: int) -> int:
             budget = round(0.05 * i, 2)
             plans.append((budget, plan(loss, *step_args, memory_budget=budget, measure=False, cache=cache)))
         chosen = {p.chosen.program: p.chosen.executable() for _, p in plans if p.chosen is not None}
-        timings = time_programs([functools.partial(c, *step_args) for c in chosen.values()], rounds=repeat)
+        timings = time_programs([functools.partial(c, *step_args) for c in chosen.values()], rounds=repeat,
+                                min_sample_s=MIN_SAMPLE_S)
         medians = dict(zip(chosen, timings.medians_ms()))
         # the noise: each program's rounds, their spread around the median
         spread = {k: (max(ts) - min(ts)) / statistics.median(ts) for k, ts in zip(chosen, timings.samples_s)}

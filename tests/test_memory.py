@@ -156,6 +156,27 @@ def test_time_programs_rounds_rotate_and_groups_alternate():
         time_programs(programs, rounds=1, groups=[[0, 1], [2]])
 
 
+def test_time_programs_averages_back_to_back_calls_up_to_the_minimum_sample():
+    import time
+
+    from remat.analysis import time_programs
+
+    calls = []
+
+    def sleeper(i, seconds):
+        def run():
+            calls.append(i)
+            time.sleep(seconds)
+        return run
+
+    t = time_programs([sleeper(0, 0.002), sleeper(1, 0.03)], rounds=2, warmup=1, min_sample_s=0.02)
+    # one warm-up call each, one call each to size the samples (sleeps overrun: at most 10
+    # calls of 2 ms make 20 ms), then two rounds of one sample each
+    timed = calls[4:]
+    assert timed.count(1) == 2 and timed.count(0) % 2 == 0 and 2 * 3 <= timed.count(0) <= 2 * 10
+    assert 0.002 <= t.medians_s()[0] < 0.004 and 0.03 <= t.medians_s()[1] < 0.04
+
+
 def test_time_side_by_side_stays_the_planners_name():
     from remat.planner import time_side_by_side
 

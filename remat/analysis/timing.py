@@ -9,6 +9,7 @@ the program that happens to run first, is shared out instead of landing on one p
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -44,12 +45,13 @@ class Timings:
         return [min(s) for s in self.samples_s]
 
 
-def _timed(program: Callable[[], Any]) -> float:
+def _timed(program: Callable[[], Any], calls: int = 1) -> float:
+    """Seconds per call of ``calls`` calls one after the other, each waited for."""
     t0 = time.perf_counter()
-    out = jax.block_until_ready(program())
-    dt = time.perf_counter() - t0
-    del out  # freed after the clock stops, as a training loop frees it after the step
-    return dt
+    for _ in range(calls):
+        out = jax.block_until_ready(program())
+        del out  # freed before the next call, as a training loop frees it after the step
+    return (time.perf_counter() - t0) / calls
 
 
 def warm_up(programs: Sequence[Callable[[], Any]], times: int = 1) -> None:
@@ -66,6 +68,7 @@ def time_programs(
     warmup: int = 1,
     groups: Sequence[Sequence[int]] | None = None,
     before_group: Callable[[Sequence[int]], Any] | None = None,
+    min_sample_s: float = 0.0,
 ) -> Timings:
     """Times several programs in interleaved rounds, after ``warmup`` untimed rounds.
 
@@ -82,6 +85,10 @@ def time_programs(
         Default: one group of all programs.
       before_group: called with a group's indices before it runs in each round (e.g. to
         pause and wake that group's threads); not timed.
+      min_sample_s: each sample is the mean of as many back-to-back calls as make up at
+        least this long (from one timed call after the warm-up): a millisecond step timed
+        one call at a time shows the clock's and the scheduler's jitter more than its
+        own time. 0: one call per sample.
 
     Returns:
       :class:`Timings`; ``.medians_ms()`` is what to compare.
@@ -103,6 +110,9 @@ def time_programs(
     if sorted(i for g in order for i in g) != list(range(n)) or not all(order):
         raise ValueError(f"groups must split the program indices 0..{n - 1} into non-empty parts, got {groups}")
     warm_up(programs, warmup)
+    calls = [1] * n
+    if min_sample_s > 0:
+        calls = [max(1, math.ceil(min_sample_s / max(_timed(p), 1e-6))) for p in programs]
     samples: list[list[float]] = [[] for _ in programs]
     for r in range(rounds):
         for group in order[r % len(order):] + order[:r % len(order)]:
@@ -111,5 +121,5 @@ def time_programs(
             if before_group is not None:
                 before_group(group)
             for i in group:
-                samples[i].append(_timed(programs[i]))
+                samples[i].append(_timed(programs[i], calls[i]))
     return Timings(tuple(tuple(s) for s in samples))

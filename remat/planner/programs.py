@@ -67,13 +67,20 @@ def compile_step(fn: Callable[..., Any], args: tuple, argnums: Any = 0) -> Any:
     return compiled_step(fn, *args, argnums=argnums).executable
 
 
+#: Seconds of back-to-back calls each timing sample averages (:func:`remat.analysis.timing.time_programs`):
+#: one call of a step of a few milliseconds varies by more than the plans it compares differ.
+MIN_SAMPLE_S = 0.05
+
+
 def time_side_by_side(steps: list[Callable[..., Any]], args: tuple, repeat: int) -> list[float]:
     """Median ms of each compiled step called with ``args``, timed in interleaved rounds.
 
     :func:`remat.analysis.timing.time_programs` (one warm-up call each, then ``repeat``
-    rounds whose order rotates), for steps that all take the same arguments.
+    rounds whose order rotates, each sample at least :data:`MIN_SAMPLE_S` of calls), for
+    steps that all take the same arguments.
     """
-    return time_programs([functools.partial(s, *args) for s in steps], rounds=repeat).medians_ms()
+    return time_programs([functools.partial(s, *args) for s in steps], rounds=repeat,
+                         min_sample_s=MIN_SAMPLE_S).medians_ms()
 
 
 def _spec_label(p: Any) -> str:
