@@ -148,6 +148,20 @@ def eqn_subjaxprs(eqn: Any) -> Iterator[Any]:
                 yield value
 
 
+def closed_jaxpr(jaxpr: Any) -> Any:
+    """``jaxpr`` as a closed jaxpr (a region's body may be open, with no constants)."""
+    from jax.extend import core
+
+    return jaxpr if hasattr(jaxpr, "jaxpr") else core.ClosedJaxpr(jaxpr, ())
+
+
+def jaxpr_function(closed: Any) -> Any:
+    """A Python function that evaluates a closed jaxpr (traceable again, e.g. under ``jax.vjp``)."""
+    from jax.extend import core
+
+    return core.jaxpr_as_fun(closed)
+
+
 def remat3_setting() -> Any:
     """The ``jax_remat3`` setting (called with a bool, a thread-local context), or None before JAX 0.10.2."""
     from jax._src import config

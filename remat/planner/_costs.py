@@ -5,7 +5,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
-from jax.extend import core as jcore
 
 from remat import _jax as xb
 from remat._core.lowering import classic_checkpoint
@@ -84,7 +83,7 @@ def _kept_bytes(body: Any, computed: tuple[bool, ...], policy: Any, checkpointed
       policy: the JAX policy it is checkpointed with (None: save nothing).
       checkpointed: False: the body is not checkpointed (``policy`` is ignored).
     """
-    fn = jcore.jaxpr_as_fun(body)
+    fn = xb.jaxpr_function(body)
     if checkpointed:  # as remat's regions are built, whatever jax_remat3 says
         fn = classic_checkpoint(fn, policy=policy)
     avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in body.jaxpr.invars]
@@ -108,8 +107,7 @@ def _region_bodies(jaxpr: Any) -> Iterator[tuple[tuple[bool, ...], Any]]:
     for eqn in jaxpr.eqns:
         if eqn.primitive is remat_p:
             body = eqn.params["jaxpr"]
-            closed = body if hasattr(body, "jaxpr") else jcore.ClosedJaxpr(body, ())
-            yield tuple(not xb.is_literal(v) and v in produced for v in eqn.invars), closed
+            yield tuple(not xb.is_literal(v) and v in produced for v in eqn.invars), xb.closed_jaxpr(body)
         elif eqn.primitive.name not in ("scan", "while"):
             for sub in xb.eqn_subjaxprs(eqn):
                 yield from _region_bodies(getattr(sub, "jaxpr", sub))
