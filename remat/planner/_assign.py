@@ -1,7 +1,9 @@
 """The exact per-region assignment: the fastest choice for every region whose predicted peak fits a limit."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+import itertools
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 
@@ -108,6 +110,43 @@ def fastest_within(options: Sequence[Sequence[RegionOption]], working: Sequence[
         return None
     ms, _, choice, high = min(final, key=lambda s: (s[0], s[1]))
     return Assignment(choice, high, ms)
+
+
+def ranked_within(options: Sequence[Sequence[RegionOption]], working: Sequence[float],
+                  limit: float) -> Iterator[Assignment]:
+    """Every assignment whose :func:`peak` is at most ``limit``, fastest first: exact.
+
+    Lawler's ranking over :func:`fastest_within`: once an assignment ``s`` is given, what
+    is left of its space splits into the assignments that first differ from ``s`` at
+    region ``i`` (regions before ``i`` as in ``s``, region ``i`` anything else), and the
+    fastest of each part is one more :func:`fastest_within`. A part's options are
+    narrowed by making the others infinitely slow.
+
+    Example:
+      >>> opts = [RegionOption(0, 3.0), RegionOption(4, 1.0)]
+      >>> [a.choice for a in itertools.islice(ranked_within([opts] * 2, [4] * 2, 4), 3)]
+      [(0, 1), (0, 0)]
+    """
+    ties = itertools.count()  # equal times pop in the order found
+
+    def solve(allowed: list[set[int]]) -> Assignment | None:
+        narrowed = [[o if j in ok else o._replace(ms=float("inf")) for j, o in enumerate(opts)]
+                    for opts, ok in zip(options, allowed)]
+        found = fastest_within(narrowed, working, limit)
+        return None if found is None or found.ms == float("inf") else found
+
+    everything = [set(range(len(opts))) for opts in options]
+    first = solve(everything)
+    heap = [] if first is None else [(first.ms, next(ties), first, everything)]
+    while heap:
+        _, _, best, allowed = heapq.heappop(heap)
+        yield best
+        for i, j in enumerate(best.choice):
+            part = [{best.choice[k]} for k in range(i)] + [allowed[i] - {j}] + allowed[i + 1:]
+            if part[i]:
+                found = solve(part)
+                if found is not None:
+                    heapq.heappush(heap, (found.ms, next(ties), found, part))
 
 
 def leanest(options: Sequence[Sequence[RegionOption]], working: Sequence[float]) -> Assignment:

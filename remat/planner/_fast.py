@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from remat.planner._assign import Assignment, RegionOption, describe, fastest_within, peak
+from remat.planner._assign import Assignment, RegionOption, describe, fastest_within, peak, ranked_within
 from remat.planner._candidate import CandidateSpec, PlanCandidate
 from remat.planner._costs import RegionCosts
 from remat.planner._families import no_checkpoint_spec
@@ -16,6 +17,8 @@ from remat.planner.steering import NONE, _Survey
 #: Rounds of confirming compiles; after each round that finds nothing that fits, the
 #: next two assignments down the model's front compile.
 ROUNDS = 4
+#: How far down the model's ranking a further budget-0 finalist is looked for.
+RANKED = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +122,9 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
     if still nothing fits, the leanest assignments compile (every region keeping least,
     and the same with the last region un-checkpointed), so that the minimum reported is a
     compiled one. For budget 0 the finalists are the fastest assignment within 1% of the
-    least predicted peak, and the leanest pair.
+    least predicted peak, and the leanest pair; while the fastest misses 1% above the
+    least compiled temp bytes, the next assignment in the model's ranking
+    (:func:`remat.planner._assign.ranked_within`) compiles, at most ``ROUNDS`` rounds in all.
 
     Args:
       search: the search, not yet calibrated.
@@ -152,12 +157,25 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
     for a in picks:  # their predictions, now with the step's own time and temp bytes
         _estimated(search, model, a)
     finalists: dict[str, PlanCandidate] = {}
+    tried: set[tuple[RegionOption, ...]] = set()  # budget 0: what the assignments compiled cost, region by region
     for round_ in range(ROUNDS):
         if pending is None:
             break
         confirmed = pending()
         finalists.update((c.label, c) for c in confirmed)
-        if budget == 0 or any(c.fits_in(limit) for c in confirmed) or round_ == ROUNDS - 1:
+        if budget == 0:
+            # the leanest: the least temp bytes compiled (the lean pair's) fix the limit; if
+            # the predicted-fastest missed it (the model's peaks tie where XLA's differ by a
+            # few percent), the next fastest not compiled yet, in the model's order
+            least = min(c.compiled_temp_bytes() for c in finalists.values())
+            if round_ == ROUNDS - 1 or finalists[confirmed[0].label].fits_in(int(1.01 * least)):
+                break
+            tried.update(_signature(model, a) for a in picks)
+            following = _next_ranked(model, bound, tried)
+            picks = [following] if following is not None else []
+            pending = _confirm(search, model, picks) if picks else None
+            continue
+        if any(c.fits_in(limit) for c in confirmed) or round_ == ROUNDS - 1:
             break
         # none fits: the next two assignments down the model's front, below the least
         # predicted peak that missed (a walk that skips none, so that a lower budget never
@@ -201,6 +219,22 @@ def _picks(model: RegionModel, bound: float, budget: float, with_leaner: bool,
         leaner = _lean_pair(model) if budget == 0 else [_fastest(model, best.peak * (1 - 1e-9))]
         picks += [a for a in leaner if a is not None]
     return list({a.choice: a for a in picks}.values())
+
+
+def _next_ranked(model: RegionModel, bound: float, tried: set[tuple[RegionOption, ...]]) -> Assignment | None:
+    """The predicted-fastest assignment within ``bound`` unlike every one ``tried`` (two
+    options that keep the same bytes at the same cost, ``dots`` and ``dots_no_batch`` on a
+    convolution say, are alike); None past the first ``RANKED`` in the model's order."""
+    for a in itertools.islice(ranked_within(model.options, model.working, bound), RANKED):
+        a = model.assignment(a.choice)
+        if _signature(model, a) not in tried:
+            return a
+    return None
+
+
+def _signature(model: RegionModel, a: Assignment) -> tuple[RegionOption, ...]:
+    """What ``a`` keeps and costs, region by region: alike assignments are one program."""
+    return tuple(model.options[i][j] for i, j in enumerate(a.choice))
 
 
 def _other(model: RegionModel, bound: float, best: Assignment) -> Assignment | None:
