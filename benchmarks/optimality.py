@@ -12,7 +12,9 @@ oracle's fastest fitting time are measured in the same rounds. Budget 0 is the l
 the oracle's set is the assignments within 1% of its least temp memory. The fastest of
 many noisy medians is biased low, so each budget's five fastest fitting oracle programs
 and the plan's run again side by side with three times the rounds; ``ratio`` is from that
-second run (``first_pass_ratio`` from the first).
+second run (``first_pass_ratio`` from the first): the median, over its rounds, of the
+plan's time over a finalist's in the same round, against the finalist it is slowest
+against (``ratio_of_medians``: the plan's median over that finalist's).
 
 Writes ``DIR/optimality.json``: one row per (model, depth, budget) with ``model``,
 ``depth``, ``budget``, ``plan_ms``, ``oracle_ms``, ``ratio`` (plan / oracle),
@@ -25,6 +27,7 @@ import functools
 import itertools
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -114,8 +117,9 @@ def run_one(model: str, depth: int, repeat: int, log) -> list[dict]:
             finalists[k] = timed[k]
     log(f"{model} {depth}: timing {len(finalists)} finalists again, {3 * repeat} rounds")
     again = time_programs([functools.partial(c, *step_args) for c in finalists.values()],
-                          rounds=3 * repeat, min_sample_s=MIN_SAMPLE_S).medians_ms()
-    ms_again = dict(zip(finalists, again))
+                          rounds=3 * repeat, min_sample_s=MIN_SAMPLE_S)
+    ms_again = dict(zip(finalists, again.medians_ms()))
+    rounds = dict(zip(finalists, again.samples_s))
     out = []
     for budget, (p, plan_s) in plans.items():
         limit = int(1.01 * least) if budget == 0 else int(budget * none_temp)
@@ -133,12 +137,19 @@ def run_one(model: str, depth: int, repeat: int, log) -> list[dict]:
                # the five fastest fitting assignments, to see how far apart the leaders are
                "oracle_fastest": sorted(((ms[r["program"]], r["label"]) for r in fitting))[:5]}
         row["first_pass_ratio"] = row["plan_ms"] / row["oracle_ms"] if best and p.chosen else None
+        row["ratio"] = row["ratio_of_medians"] = None
         if best and p.chosen:
-            # the ratio: the plan against the fastest of the re-timed finalists, in the second run
-            top = min((r for r in fitting if r["program"] in ms_again), key=lambda r: ms_again[r["program"]])
+            # the ratio: the plan against the re-timed finalists, in the second run, round by
+            # round (a round's samples run back to back, so the machine's slow spells, which
+            # move one program's median by several percent between runs, cancel); the oracle
+            # is the finalist the plan is slowest against
+            mine = rounds[p.chosen.program]
+            paired = {r["program"]: (statistics.median(a / b for a, b in zip(mine, rounds[r["program"]])), r)
+                      for r in fitting if r["program"] in rounds}
+            ratio, top = max(paired.values(), key=lambda v: v[0])
             row.update(plan_ms=ms_again[p.chosen.program], oracle=top["label"], oracle_ms=ms_again[top["program"]],
-                       oracle_temp_bytes=top["temp_bytes"])
-        row["ratio"] = row["plan_ms"] / row["oracle_ms"] if best and p.chosen else None
+                       oracle_temp_bytes=top["temp_bytes"], ratio=ratio,
+                       ratio_of_medians=ms_again[p.chosen.program] / ms_again[top["program"]])
         out.append(row)
         log(json.dumps(row))
     return out

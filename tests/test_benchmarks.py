@@ -308,3 +308,25 @@ def test_scan_schedules_tiny(capsys):
         cells = dict(zip(scan_schedules.SCHEDULES, row[2:], strict=True))
         assert cells["8 groups"] == cells["4 groups"] == "-", row
         assert all(float(cells[s]) > 0 for s in ("flat", "2 groups", "binomial(levels=1)", "binomial(levels=2)"))
+
+
+@pytest.mark.slow
+def test_optimality_rows_hold_the_plan_beside_the_exhaustive_oracle():
+    # a 2-block MLP: 16 assignments and 4 whole-step ones, a few seconds of compiles
+    from benchmarks import optimality
+
+    rows = optimality.run_one("mlp", 2, 3, lambda msg: None)
+    keys = {"model", "depth", "budget", "plan_ms", "oracle_ms", "ratio", "plan_temp_bytes",
+            "oracle_min_temp_bytes", "limit_bytes"}
+    assert [r["budget"] for r in rows] == list(optimality.BUDGETS)
+    for r in rows:
+        assert keys <= r.keys() and r["oracle_assignments"] == 4 ** 2 + 4
+        if r["oracle_fitting"]:
+            # the oracle found something that fits: so does the plan, within the limit
+            assert r["plan"] is not None and r["plan_temp_bytes"] <= r["limit_bytes"]
+            assert r["ratio"] > 0 and r["plan_ms"] > 0 and r["oracle_ms"] > 0
+        if r["plan"] is None:
+            assert r["ratio"] is None
+    lean = rows[0]
+    assert lean["budget"] == 0 and lean["plan_temp_bytes"] <= 1.01 * lean["oracle_min_temp_bytes"]
+    assert optimality.markdown(rows).count("\n") == 2 + len(rows)
