@@ -11,23 +11,32 @@ from remat.planner._assign import RegionOption, describe, fastest_within, peak, 
 from remat.planner._costs import region_costs
 
 
-def _brute(options, working, limit):
-    best = None
+def _fitting(options, working, limit):
+    """Every assignment whose peak is at most ``limit``, with its time: the brute force."""
+    fitting = {}
     for choice in itertools.product(*[range(len(o)) for o in options]):
         kept = [options[i][j].kept for i, j in enumerate(choice)]
-        ms = sum(options[i][j].ms for i, j in enumerate(choice))
-        if peak(kept, working) <= limit and (best is None or ms < best[0] - 1e-12):
-            best = (ms, choice)
-    return best
+        if peak(kept, working) <= limit:
+            fitting[choice] = sum(options[i][j].ms for i, j in enumerate(choice))
+    return fitting
+
+
+def _random_case(seed, max_regions, ms):
+    """Random options (times drawn by ``ms(rng)``), working sets and a limit."""
+    rng = random.Random(seed)
+    n, k = rng.randint(1, max_regions), rng.randint(1, 4)
+    options = [[RegionOption(rng.randint(0, 20), ms(rng)) for _ in range(k)] for _ in range(n)]
+    return options, [rng.randint(0, 30) for _ in range(n)], rng.randint(0, 80)
+
+
+def _brute(options, working, limit):
+    fitting = _fitting(options, working, limit)
+    return min(((ms, choice) for choice, ms in fitting.items()), default=None)
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_fastest_within_is_the_brute_force_optimum(seed):
-    rng = random.Random(seed)
-    n, k = rng.randint(1, 5), rng.randint(1, 4)
-    options = [[RegionOption(rng.randint(0, 20), rng.uniform(0, 10)) for _ in range(k)] for _ in range(n)]
-    working = [rng.randint(0, 30) for _ in range(n)]
-    limit = rng.randint(0, 80)
+    options, working, limit = _random_case(seed, 5, lambda rng: rng.uniform(0, 10))
     found, brute = fastest_within(options, working, limit), _brute(options, working, limit)
     if brute is None:
         assert found is None
@@ -39,16 +48,9 @@ def test_fastest_within_is_the_brute_force_optimum(seed):
 
 @pytest.mark.parametrize("seed", range(40))
 def test_ranked_within_lists_every_fitting_assignment_once_fastest_first(seed):
-    rng = random.Random(seed)
-    n, k = rng.randint(1, 4), rng.randint(1, 4)
-    options = [[RegionOption(rng.randint(0, 20), rng.randint(0, 10)) for _ in range(k)] for _ in range(n)]
-    working = [rng.randint(0, 30) for _ in range(n)]
-    limit = rng.randint(0, 80)
-    fitting = {}
-    for choice in itertools.product(range(k), repeat=n):
-        kept = [options[i][j].kept for i, j in enumerate(choice)]
-        if peak(kept, working) <= limit:
-            fitting[choice] = sum(options[i][j].ms for i, j in enumerate(choice))
+    # integer times: ties, which the ranking must still list each once
+    options, working, limit = _random_case(seed, 4, lambda rng: rng.randint(0, 10))
+    fitting = _fitting(options, working, limit)
     ranked = list(ranked_within(options, working, limit))
     assert sorted(a.choice for a in ranked) == sorted(fitting)  # all of them, each once
     assert [a.ms for a in ranked] == sorted(fitting.values())  # fastest first

@@ -168,7 +168,7 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
             # the predicted-fastest missed it (the model's peaks tie where XLA's differ by a
             # few percent), the next fastest not compiled yet, in the model's order
             least = min(c.compiled_temp_bytes() for c in finalists.values())
-            if round_ == ROUNDS - 1 or finalists[confirmed[0].label].fits_in(int(1.01 * least)):
+            if round_ == ROUNDS - 1 or confirmed[0].fits_in(int(1.01 * least)):
                 break
             tried.update(_signature(model, a) for a in picks)
             following = _next_ranked(model, bound, tried)
