@@ -177,6 +177,44 @@ def test_time_programs_averages_back_to_back_calls_up_to_the_minimum_sample():
     assert 0.002 <= t.medians_s()[0] < 0.004 and 0.03 <= t.medians_s()[1] < 0.04
 
 
+def test_paired_times_take_out_a_slow_spell_that_medians_keep():
+    from remat.analysis.timing import Timings
+
+    # program 1 is 10% slower than program 0 in every round; four of the seven rounds are
+    # a slow spell (3x) that caught program 0 in more of its samples than program 1
+    fast, slow = [1.0, 3.0, 3.0, 1.0, 3.0, 1.0, 3.0], [1.1, 3.3, 3.3, 1.1, 3.3, 1.1, 3.3]
+    t = Timings((tuple(x / 1e3 for x in fast), tuple(x / 1e3 for x in slow)))
+    assert t.paired_ms()[1] / t.paired_ms()[0] == pytest.approx(1.1)
+    spelled = Timings((tuple(x / 1e3 for x in [3.0, 3.0, 3.0, 1.0, 3.0, 1.0, 3.0]),
+                       tuple(x / 1e3 for x in [1.1, 1.1, 3.3, 1.1, 3.3, 1.1, 1.1])))
+    # the medians say program 0 is the slower; the rounds without a spell on it alone say
+    # it is 10% faster
+    assert spelled.medians_ms()[0] > spelled.medians_ms()[1]
+    assert spelled.paired_ms()[0] < spelled.paired_ms()[1]
+    assert Timings(()).paired_ms() == []
+
+
+def test_time_side_by_side_times_close_steps_again(monkeypatch):
+    from remat.analysis.timing import Timings
+    from remat.planner import programs
+
+    runs = []
+
+    def fake(calls, rounds, min_sample_s):
+        runs.append((len(calls), rounds))
+        if len(runs) == 1:  # steps 0 and 2 within 3% of each other, step 1 far behind
+            return Timings(((0.0100,) * rounds, (0.0200,) * rounds, (0.0102,) * rounds))
+        return Timings(((0.0110,) * rounds, (0.0100,) * rounds))  # again: step 2 the faster
+
+    monkeypatch.setattr(programs, "time_programs", fake)
+    ms = programs.time_side_by_side([lambda: None] * 3, (), repeat=5)
+    assert runs == [(3, 5), (2, 10)]
+    assert ms[2] < ms[0] < ms[1]
+    # the re-timed pair keeps its geometric mean from the first run
+    assert ms[0] * ms[2] == pytest.approx(10.0 * 10.2) and ms[0] / ms[2] == pytest.approx(1.1)
+    assert ms[1] == pytest.approx(20.0, rel=0.05)
+
+
 def test_time_side_by_side_stays_the_planners_name():
     from remat.planner import time_side_by_side
 

@@ -40,6 +40,22 @@ class Timings:
         """The median milliseconds of each program."""
         return [1e3 * m for m in self.medians_s()]
 
+    def paired_ms(self) -> list[float]:
+        """Each program's time with the machine's slow spells taken out, in milliseconds.
+
+        Every round runs each program once, back to back, so a spell that slows the machine
+        slows the whole round: each sample is divided by its round's median (of all the
+        programs), the median of those ratios is taken over the rounds, and the result is
+        scaled back by the median round. Two programs' ``paired_ms`` compare as the median
+        of their per-round ratio does, which moves less between runs than their medians do.
+        """
+        rounds = list(zip(*self.samples_s))  # every program's samples in round order
+        if not rounds:
+            return []
+        typical = [statistics.median(r) for r in rounds]
+        scale = 1e3 * statistics.median(typical)
+        return [scale * statistics.median(s / t for s, t in zip(samples, typical)) for samples in self.samples_s]
+
     def minima_s(self) -> list[float]:
         """The fastest call of each program, in seconds."""
         return [min(s) for s in self.samples_s]

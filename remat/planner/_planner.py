@@ -46,7 +46,9 @@ def plan(
       argnums: what the gradient is taken with respect to.
       policies: fixed policies tried on every region.
       budget_fractions: fractions of :func:`remat.residual_budget` tried on every region.
-      repeat: timed steps per fitting candidate (the median is used).
+      repeat: timing rounds of the fitting candidates (each round runs each once; the
+        candidates within 3% of the fastest run ``2 * repeat`` rounds more,
+        :func:`remat.planner.programs.time_side_by_side`).
       measure: time the fitting candidates (otherwise choose by predicted time; XLA's cost
         analysis counts a loop body once, so predictions of scan candidates are far too low).
       cache: a dict to reuse compiled candidates across calls with the same ``step_fn``

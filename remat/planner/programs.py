@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,15 +73,32 @@ def compile_step(fn: Callable[..., Any], args: tuple, argnums: Any = 0) -> Any:
 MIN_SAMPLE_S = 0.05
 
 
+#: Steps whose times are within this fraction of the fastest's run again, with twice the
+#: rounds, before one is chosen: the plans the time model leaves close often measure a few
+#: percent apart, about as much as five rounds on a shared machine can tell apart.
+CLOSE = 0.03
+
+
 def time_side_by_side(steps: list[Callable[..., Any]], args: tuple, repeat: int) -> list[float]:
-    """Median ms of each compiled step called with ``args``, timed in interleaved rounds.
+    """Each compiled step's time (ms) called with ``args``, timed in interleaved rounds.
 
     :func:`remat.analysis.timing.time_programs` (one warm-up call each, then ``repeat``
     rounds whose order rotates, each sample at least :data:`MIN_SAMPLE_S` of calls), for
-    steps that all take the same arguments.
+    steps that all take the same arguments; the times are
+    :meth:`~remat.analysis.timing.Timings.paired_ms`. The steps within :data:`CLOSE` of the
+    fastest run again, alone, for ``2 * repeat`` rounds, and their times are those of the
+    second run, scaled to keep their geometric mean from the first.
     """
-    return time_programs([functools.partial(s, *args) for s in steps], rounds=repeat,
-                         min_sample_s=MIN_SAMPLE_S).medians_ms()
+    calls = [functools.partial(s, *args) for s in steps]
+    ms = time_programs(calls, rounds=repeat, min_sample_s=MIN_SAMPLE_S).paired_ms()
+    close = [i for i, m in enumerate(ms) if m <= (1 + CLOSE) * min(ms)]
+    if len(close) < 2:
+        return ms
+    again = time_programs([calls[i] for i in close], rounds=2 * repeat, min_sample_s=MIN_SAMPLE_S).paired_ms()
+    scale = statistics.geometric_mean([ms[i] for i in close]) / statistics.geometric_mean(again)
+    for i, m in zip(close, again):
+        ms[i] = m * scale
+    return ms
 
 
 def _spec_label(p: Any) -> str:
