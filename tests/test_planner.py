@@ -58,6 +58,10 @@ def test_plan_fits_or_says_why_and_gradients_match():
     from remat.analysis import budget as budget_module
 
     assert budget_module._calibrated and budget_module._RATES["flops_per_s"] != 2.0e10
+    # and XLA:CPU's temp buffers over glibc's mmap threshold cost their page faults
+    from remat.analysis.allocator import glibc
+
+    assert (budget_module._RATES["fault_s_per_byte"] > 0) == (glibc() is not None and jax.default_backend() == "cpu")
     assert all(c.predicted_ms > 0 for c in p.candidates)
     # the timed executables are the compiled candidates themselves (no second compile)
     assert all(c.compiled is not None for c in p.candidates)

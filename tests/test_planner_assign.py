@@ -148,3 +148,29 @@ def test_the_leanest_plan_walks_down_the_models_ranking_when_its_pick_misses():
     walked = [c for c in confirmed if c.fits and c.label not in lean]
     assert walked, [c.label for c in confirmed]  # a fitting plan beyond the lean pair
     assert p.feasible and p.chosen.temp_bytes <= p.limit_bytes
+
+
+def test_page_faults_of_a_temp_buffer_over_the_mmap_threshold_are_part_of_the_predicted_time(monkeypatch):
+    from remat.analysis import budget
+    from remat.analysis.allocator import FRESH_MAP_BYTES
+    from remat.planner._fast import RegionModel, _fastest
+
+    mib = 2**20
+    # four regions, each kept (10 MiB, 10 ms) or recomputed (1 MiB, 15 ms)
+    opts = (RegionOption(10.0 * mib, 10.0), RegionOption(1.0 * mib, 15.0))
+    model = RegionModel((NONE, "nothing"), (opts,) * 4, (10.0 * mib,) * 4, 1.0)
+    monkeypatch.setitem(budget._RATES, "fault_s_per_byte", 0.0)
+    assert budget.fault_ms(10 * FRESH_MAP_BYTES) == 0.0
+    kept_all = _fastest(model, float("inf"))
+    assert kept_all.choice == (0, 0, 0, 0) and kept_all.ms == 40.0  # no fault cost: keep everything
+    monkeypatch.setitem(budget._RATES, "fault_s_per_byte", 1e-3 / mib)  # 1 ms per MiB
+    assert budget.fault_ms(FRESH_MAP_BYTES - 1) == 0.0  # reused below the threshold
+    assert budget.fault_ms(FRESH_MAP_BYTES) == pytest.approx(32.0)
+    # keeping all: a 40 MiB peak and 40 ms of faults; one early region recomputed: a 31 MiB
+    # peak, under the threshold, and 45 ms in all, the fastest, one step down the front
+    assert model.assignment((0, 0, 0, 0)).ms == pytest.approx(40.0 + 40.0)
+    best = _fastest(model, float("inf"))
+    assert best.ms == pytest.approx(45.0) and best.peak == 31 * mib and sorted(best.choice) == [0, 0, 0, 1]
+    # the last region recomputed saves nothing (its backward follows its forward at once)
+    assert best.choice[-1] == 0
+    assert _fastest(model, 35.0 * mib).ms == pytest.approx(45.0)

@@ -27,9 +27,12 @@ References:
 """
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import ctypes.util
 import functools
+import os
+import time
 import warnings
 
 from remat.analysis.process import jax_backend_started
@@ -59,6 +62,69 @@ def glibc() -> ctypes.CDLL | None:
 
 
 _glibc = glibc  # the name tests and older callers use
+
+#: glibc's largest mmap threshold on 64-bit (``DEFAULT_MMAP_THRESHOLD_MAX``): a block this big
+#: or bigger is mapped afresh by every ``malloc`` (unless :func:`keep_freed_memory`), so an
+#: XLA:CPU step whose temp buffer is this big faults it in at every execution.
+FRESH_MAP_BYTES = 32 * 2**20
+
+
+def fault_s_per_byte(size: int = 48 * 2**20, repeat: int = 3) -> float:
+    """Seconds per byte that a freshly ``malloc``'d block costs to fill, over a reused one.
+
+    What an XLA:CPU step whose temp buffer is at least :data:`FRESH_MAP_BYTES` pays at every
+    execution for glibc's fresh ``mmap`` (a page fault and a zeroed page per 4 KiB): a block
+    of ``size`` bytes is filled on every core at once (as XLA's threads fill theirs),
+    freshly allocated and freed each time, against the same block kept. After
+    :func:`keep_freed_memory` the fresh block is the freed one, and the cost is about 0.
+
+    Args:
+      size: the block's bytes; above :data:`FRESH_MAP_BYTES`, so that it is mapped afresh
+        by default (and, being above it, leaves glibc's dynamic threshold as it was).
+      repeat: fills of each kind; the fastest of each is used.
+
+    Returns:
+      The extra seconds per byte (at least 0); 0 where the C library is not glibc.
+    """
+    libc = glibc()
+    if libc is None:
+        return 0.0
+    malloc, free, memset = libc.malloc, libc.free, libc.memset
+    malloc.argtypes, malloc.restype = [ctypes.c_size_t], ctypes.c_void_p
+    free.argtypes, free.restype = [ctypes.c_void_p], None
+    memset.argtypes, memset.restype = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t], ctypes.c_void_p
+    cores = os.cpu_count() or 1
+    part = size // cores
+
+    def fill(block: int) -> float:
+        started = time.perf_counter()
+        # ctypes lets go of the GIL in a foreign call: the parts fill at once
+        list(pool.map(lambda i: memset(block + i * part, 1, part), range(cores)))
+        return time.perf_counter() - started
+
+    def fresh() -> float:
+        started = time.perf_counter()
+        block = malloc(size)
+        if not block:
+            raise MemoryError(size)
+        fill(block)
+        free(block)
+        return time.perf_counter() - started
+
+    kept = malloc(size)
+    if not kept:
+        return 0.0
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=cores) as pool:
+            fill(kept)  # faulted in once; after this a fill only writes
+            reused = min(fill(kept) for _ in range(repeat))
+            fresh()
+            new = min(fresh() for _ in range(repeat))
+    except MemoryError:
+        return 0.0
+    finally:
+        free(kept)
+    return max(new - reused, 0.0) / size
 
 
 def keep_freed_memory() -> bool:

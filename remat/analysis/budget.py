@@ -39,10 +39,12 @@ from typing import Any
 
 from remat._core.hooks import RegionChooser
 from remat._core.residuals import aval_nbytes, format_bytes, itemsize, saved_residuals
+from remat.analysis.allocator import FRESH_MAP_BYTES, fault_s_per_byte
 
 # Recompute-cost rates (FLOP/s for matmul-like work, bytes/s for memory-bound work);
 # calibrate() replaces them with figures measured on this machine.
-_RATES = {"flops_per_s": 2.0e10, "bytes_per_s": 5.0e9}  # until calibrate() measures this machine
+# until calibrate() measures this machine (no page-fault cost until it is measured)
+_RATES = {"flops_per_s": 2.0e10, "bytes_per_s": 5.0e9, "fault_s_per_byte": 0.0}
 _calibrated = False
 
 
@@ -265,7 +267,9 @@ def knapsack(weights: Sequence[int], values: Sequence[float], capacity: int, *,
 
 
 def calibrate(size: int = 512, repeat: int = 5) -> dict[str, float]:
-    """Measures this machine's matmul FLOP rate and memory-bound byte rate for the cost model."""
+    """Measures this machine's matmul FLOP rate, memory-bound byte rate and what a temp
+    buffer mapped afresh costs per byte (:func:`remat.analysis.allocator.fault_s_per_byte`)
+    for the cost model."""
     import functools
 
     import jax
@@ -277,20 +281,32 @@ def calibrate(size: int = 512, repeat: int = 5) -> dict[str, float]:
     v = jnp.ones((4 * size * size,), jnp.float32)
     mm = jax.jit(lambda a: a @ a)
     ew = jax.jit(lambda v: v * 1.5 + 1.0)
-    # the fastest of `repeat` calls each, after one warm-up call
+    # the median of `repeat` samples each, after one warm-up call; a sample averages 10 ms
+    # of calls (the fastest single call of a sub-millisecond program varied 2x between runs)
     mm_s, ew_s = (max(t, 1e-9) for t in time_programs([functools.partial(mm, a), functools.partial(ew, v)],
-                                                        rounds=repeat).minima_s())
+                                                        rounds=repeat, min_sample_s=0.01).medians_s())
 
     global _calibrated
     _RATES["flops_per_s"] = 2 * size**3 / mm_s
     _RATES["bytes_per_s"] = 2 * v.nbytes / ew_s
+    # XLA:CPU mallocs its temp buffer at every step; accelerators keep theirs in a pool
+    _RATES["fault_s_per_byte"] = fault_s_per_byte() if jax.default_backend() == "cpu" else 0.0
     _calibrated = True
     return dict(_RATES)
 
 
 def rates() -> dict[str, float]:
-    """The cost model's rates in use: ``flops_per_s`` and ``bytes_per_s``."""
+    """The cost model's rates in use: ``flops_per_s``, ``bytes_per_s`` and ``fault_s_per_byte``."""
     return dict(_RATES)
+
+
+def fault_ms(temp_bytes: float) -> float:
+    """Milliseconds an XLA:CPU step whose temp buffer is ``temp_bytes`` spends on faulting
+    it in afresh, at every execution: none below glibc's mmap threshold
+    (:data:`remat.analysis.allocator.FRESH_MAP_BYTES`), where the freed buffer is reused."""
+    if temp_bytes < FRESH_MAP_BYTES:
+        return 0.0
+    return 1e3 * _RATES["fault_s_per_byte"] * temp_bytes
 
 
 def calibrate_once() -> dict[str, float]:

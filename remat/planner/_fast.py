@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from remat.analysis.budget import fault_ms
 from remat.planner._assign import Assignment, RegionOption, describe, fastest_within, peak, ranked_within
 from remat.planner._candidate import CandidateSpec, PlanCandidate
 from remat.planner._costs import RegionCosts
@@ -50,7 +51,9 @@ class RegionModel:
         return CandidateSpec(label, policies)
 
     def assignment(self, choice: tuple[int, ...]) -> Assignment:
-        """The assignment ``choice`` (an option index per region) with this model's predictions.
+        """The assignment ``choice`` (an option index per region) with this model's predictions:
+        its peak, and its time, the regions' times and the page faults of its predicted temp
+        buffer (:func:`remat.analysis.budget.fault_ms`).
 
         Where every region costs the same, only how many regions take each option matters
         (and the last region's option, see :func:`remat.planner._assign.peak`), so the
@@ -60,7 +63,9 @@ class RegionModel:
             opts = self.options[0]
             choice = (*sorted(choice[:-1], key=lambda j: (opts[j].kept, j)), choice[-1])
         kept = [self.options[i][j].kept for i, j in enumerate(choice)]
-        return Assignment(choice, peak(kept, self.working), sum(self.options[i][j].ms for i, j in enumerate(choice)))
+        top = peak(kept, self.working)
+        ms = sum(self.options[i][j].ms for i, j in enumerate(choice))
+        return Assignment(choice, top, ms + fault_ms(self.offset + self.scale * top))
 
     def temp_bytes(self, a: Assignment) -> int:
         """The compiled temp bytes ``a`` is predicted to need."""
@@ -96,7 +101,8 @@ def region_model(costs: RegionCosts, none: PlanCandidate | None = None) -> Regio
       compiled temp bytes.
     """
     n = len(costs.ms)
-    base = (none.predicted_ms or 0.0) / n if none is not None else 0.0  # each region's share of the step's own time
+    # each region's share of the step's own time (its page faults are each assignment's own)
+    base = ((none.predicted_ms or 0.0) - fault_ms(none.compiled_temp_bytes())) / n if none is not None else 0.0
     options = tuple(tuple(RegionOption(float(k), base + t) for t, k in zip(ms, kept))
                     for ms, kept in zip(costs.ms, costs.kept))
     working = tuple(o[0].kept for o in options)
@@ -198,9 +204,27 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
     return none, [*shown, *finalists.values()]
 
 
-def _fastest(model: RegionModel, bound: float) -> Assignment | None:
-    best = fastest_within(model.options, model.working, bound)
-    return None if best is None else model.assignment(best.choice)
+def _fastest(model: RegionModel, bound: float,
+             options: Sequence[Sequence[RegionOption]] | None = None) -> Assignment | None:
+    """The predicted-fastest assignment within ``bound``, page faults counted.
+
+    :func:`remat.planner._assign.fastest_within` weighs the regions' times alone; a temp
+    buffer over glibc's mmap threshold also costs its page faults at every step, in
+    proportion to its size, so the leaner assignments down the model's front (each the
+    fastest leaner than the last) are weighed too, while one could still be faster: until
+    the regions' times alone reach the best total, or the temp buffer is small enough to be
+    reused (no faults).
+    """
+    options = model.options if options is None else options
+    best, found = None, fastest_within(options, model.working, bound)
+    while found is not None:
+        a = model.assignment(found.choice)
+        if best is None or a.ms < best.ms:
+            best = a
+        if fault_ms(model.temp_bytes(a)) == 0 or found.ms >= best.ms:  # none leaner can be faster
+            break
+        found = fastest_within(options, model.working, found.peak * (1 - 1e-9))
+    return best
 
 
 def _picks(model: RegionModel, bound: float, budget: float, with_leaner: bool,
@@ -248,8 +272,7 @@ def _other(model: RegionModel, bound: float, best: Assignment) -> Assignment | N
     most = max(set(used), key=used.count)
     without = tuple(tuple(o._replace(ms=float("inf")) if j == most else o for j, o in enumerate(opts))
                     for opts in model.options)
-    found = fastest_within(without, model.working, bound)
-    return None if found is None else model.assignment(found.choice)
+    return _fastest(model, bound, without)
 
 
 def _lean_pair(model: RegionModel) -> list[Assignment]:

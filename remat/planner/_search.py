@@ -153,8 +153,9 @@ class CandidateSearch:
             for (key, lowering), (compiled, temp_bytes, program) in zip(todo.items(), done):
                 # one compile gives the exact temp bytes, the FLOPs/bytes for the time model and
                 # the executable that is timed
-                known[key] = PlanCandidate("", (), temp_bytes=temp_bytes, predicted_ms=_predicted_ms(compiled),
-                                           program=program, lowered=key, compiled=compiled, compile_s=alone_s,
+                known[key] = PlanCandidate("", (), temp_bytes=temp_bytes,
+                                           predicted_ms=_predicted_ms(compiled, temp_bytes), program=program,
+                                           lowered=key, compiled=compiled, compile_s=alone_s,
                                            memory_only=memory_only, lowering=lowering if memory_only else None)
                 self._lowered.pop(key, None)  # compiled: the lowering is no longer needed
             self.compiles += len(todo)

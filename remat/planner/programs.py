@@ -10,20 +10,21 @@ from typing import Any
 
 import jax
 
-from remat.analysis.budget import rates
+from remat.analysis.budget import fault_ms, rates
 from remat.analysis.compiled import compiled_step
 from remat.analysis.timing import time_programs
 from remat.policies import policy_name
 
 
-def _predicted_ms(compiled: Any) -> float:
-    """Step time from XLA's cost analysis at the rates of :func:`remat.analysis.budget.calibrate`."""
+def _predicted_ms(compiled: Any, temp_bytes: int) -> float:
+    """Step time from XLA's cost analysis at the rates of :func:`remat.analysis.budget.calibrate`,
+    with the page faults of a temp buffer of ``temp_bytes`` (:func:`remat.analysis.budget.fault_ms`)."""
     rate = rates()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     flops = float(cost.get("flops", 0.0)) if cost else 0.0
     moved = float(cost.get("bytes accessed", 0.0)) if cost else 0.0
-    return 1e3 * (flops / rate["flops_per_s"] + moved / rate["bytes_per_s"])
+    return 1e3 * (flops / rate["flops_per_s"] + moved / rate["bytes_per_s"]) + fault_ms(temp_bytes)
 
 
 _HLO_METADATA_SECTIONS = {"FileNames", "FunctionNames", "FileLocations", "StackFrames"}
