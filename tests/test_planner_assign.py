@@ -174,3 +174,30 @@ def test_page_faults_of_a_temp_buffer_over_the_mmap_threshold_are_part_of_the_pr
     # the last region recomputed saves nothing (its backward follows its forward at once)
     assert best.choice[-1] == 0
     assert _fastest(model, 35.0 * mib).ms == pytest.approx(45.0)
+
+
+def test_the_pick_of_the_scaled_model_compiles_beside_the_first_when_it_is_faster(monkeypatch):
+    from remat.analysis import budget
+    from remat.planner import _fast
+
+    mib = 2**20
+    monkeypatch.setitem(budget._RATES, "fault_s_per_byte", 1e-3 / mib)
+    # a region keeps 15 MiB (10 ms) or 1 MiB (12 ms); a byte of peak taken for a byte of
+    # temp, keeping both (30 MiB) is under the threshold, so the first pick keeps both;
+    # scaled by 1.5 that is 45 MiB and 45 ms of faults, and the first region recomputed
+    # (16 MiB, 24 scaled) is faster
+    opts = (RegionOption(15.0 * mib, 10.0), RegionOption(1.0 * mib, 12.0))
+    guess = _fast.RegionModel((NONE, "nothing"), (opts, opts), (15.0 * mib, 15.0 * mib), 1.0)
+    first = _fast._fastest(guess, float("inf"))
+    assert first.choice == (0, 0) and first.ms == 20.0
+    scaled = _fast.RegionModel(guess.policies, guess.options, guess.working, 1.5)
+    confirmed = []
+    monkeypatch.setattr(_fast, "_confirm", lambda search, model, picks: confirmed.extend(picks) or (lambda: ["extra"]))
+    pending, picks = _fast._scaled_pick(None, scaled, float("inf"), [scaled.assignment(first.choice)],
+                                        lambda: ["first"])
+    assert [a.choice for a in confirmed] == [(1, 0)] and [a.choice for a in picks] == [(0, 0), (1, 0)]
+    assert pending() == ["first", "extra"]
+    # where the scaled model agrees with the first pick, nothing more compiles
+    confirmed.clear()
+    same, kept = _fast._scaled_pick(None, guess, float("inf"), [first], lambda: ["first"])
+    assert confirmed == [] and same() == ["first"] and kept == [first]

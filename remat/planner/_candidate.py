@@ -45,6 +45,8 @@ class PlanCandidate:
         LLVM's optimizations off: the same optimized HLO and buffers in less compile time,
         but slower code; :meth:`executable` compiles it fully to run.
       lowering: the lowered program (kept where ``memory_only``, for :meth:`executable`).
+      superseded: compiled before the un-checkpointed step gave the model its scale, and
+        predicted slower than the pick made after, which fits too: not timed, not chosen.
     """
 
     label: str
@@ -66,6 +68,7 @@ class PlanCandidate:
     estimated_cost: tuple[float, float] | None = None
     memory_only: bool = False
     lowering: Any = dataclasses.field(default=None, repr=False, compare=False)
+    superseded: bool = False
 
     def executable(self) -> Any:
         """The compiled step at full optimization, to run or time (compiled now where the
@@ -90,7 +93,8 @@ class PlanCandidate:
                 "sequential_segments": self.sequential, "whole_step": self.whole_step,
                 "residual_bytes": self.residual_bytes, "temp_bytes": self.temp_bytes, "predicted_ms": self.predicted_ms,
                 "measured_ms": self.measured_ms, "fits": self.fits, "program": self.program,
-                "estimated_temp_bytes": self.estimated_temp_bytes, "estimated_ms": self.estimated_ms}
+                "estimated_temp_bytes": self.estimated_temp_bytes, "estimated_ms": self.estimated_ms,
+                "superseded": self.superseded}
 
     def speed_ms(self) -> float:
         """The measured time, else the predicted one (inf: neither, not compiled)."""

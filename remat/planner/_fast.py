@@ -162,6 +162,10 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
     points = [(model.assignment((0,) * n).peak, float(none.compiled_temp_bytes()))]
     for a in picks:  # their predictions, now with the step's own time and temp bytes
         _estimated(search, model, a)
+    first_picks, repick = list(picks), None
+    if budget > 0 and pending is not None:
+        pending, picks = _scaled_pick(search, model, bound, picks, pending)
+        repick = picks[-1] if len(picks) > len(first_picks) else None
     finalists: dict[str, PlanCandidate] = {}
     tried: set[tuple[RegionOption, ...]] = set()  # budget 0: what the assignments compiled cost, region by region
     for round_ in range(ROUNDS):
@@ -191,6 +195,14 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
         bound = min(a.peak for a in picks) * (1 - 1e-9)
         picks = _picks(model, bound, budget, with_leaner=True)
         pending = _confirm(search, model, picks) if picks else None
+    scaled = finalists.get(model.spec(repick).label) if repick is not None else None
+    if scaled is not None and scaled.fits_in(limit):
+        # the scaled model's pick fits: what was picked before the scale was known is
+        # predicted slower, so it is not timed against it
+        for a in first_picks:
+            label = model.spec(a).label
+            if label in finalists and label != scaled.label:
+                finalists[label] = dataclasses.replace(finalists[label], superseded=True)
     if budget > 0 and not any(c.fits_in(limit) for c in finalists.values()):
         finalists.update((c.label, c) for c in _confirm(search, model, _lean_pair(model))())
     # every option on all regions, and the model's runner-up: predicted, not compiled
@@ -202,6 +214,35 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
         if up is not None:
             shown.append(_estimated(search, model, up))
     return none, [*shown, *finalists.values()]
+
+
+#: How much faster (predicted) the pick of the model scaled to the compiled un-checkpointed
+#: step must be than the first picks for it to compile too.
+REPICK = 0.02
+
+
+Pending = Callable[[], list[PlanCandidate]]
+
+
+def _scaled_pick(search: CandidateSearch, model: RegionModel, bound: float, picks: list[Assignment],
+                 pending: Pending) -> tuple[Pending, list[Assignment]]:
+    """The first picks, and beside them the fastest assignment of the scaled ``model`` where
+    it is predicted :data:`REPICK` faster than all of them.
+
+    The first picks were chosen before the un-checkpointed step compiled, taking a byte of
+    predicted peak for a byte of temp memory (XLA's temp was 1.3-1.6 times the predicted
+    peak on the transformers): that can put a buffer on the wrong side of glibc's mmap
+    threshold, that is, decide wrongly whether it pays page faults at every step
+    (:func:`remat.analysis.budget.fault_ms`). Where the model has no faults to charge, the
+    scaled model's order is the first one's, and nothing more compiles.
+    """
+    better = _fastest(model, bound)
+    fitting = [a.ms for a in picks if a.peak <= bound]
+    if better is None or better.choice in {a.choice for a in picks} or not fitting \
+            or better.ms >= (1 - REPICK) * min(fitting):
+        return pending, picks
+    first, extra = pending, _confirm(search, model, [better])
+    return (lambda: first() + extra()), [*picks, better]
 
 
 def _fastest(model: RegionModel, bound: float,
