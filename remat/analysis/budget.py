@@ -300,11 +300,12 @@ def rates() -> dict[str, float]:
     return dict(_RATES)
 
 
-def fault_ms(temp_bytes: float) -> float:
+def fault_ms(temp_bytes: float, threshold: float = FRESH_MAP_BYTES) -> float:
     """Milliseconds an XLA:CPU step whose temp buffer is ``temp_bytes`` spends on faulting
     it in afresh, at every execution: none below glibc's mmap threshold
-    (:data:`remat.analysis.allocator.FRESH_MAP_BYTES`), where the freed buffer is reused."""
-    if temp_bytes < FRESH_MAP_BYTES:
+    (:data:`remat.analysis.allocator.FRESH_MAP_BYTES`), where the freed buffer is reused.
+    A predicted buffer may be charged from a lower ``threshold``, for the prediction's error."""
+    if temp_bytes < threshold:
         return 0.0
     return 1e3 * _RATES["fault_s_per_byte"] * temp_bytes
 
