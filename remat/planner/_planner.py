@@ -161,10 +161,21 @@ def _timed(pool: list[PlanCandidate], args: tuple, repeat: int) -> list[PlanCand
     return [dataclasses.replace(c, measured_ms=times.get(c.program) if c.fits else None) for c in pool]
 
 
+#: Predicted times this close to the fastest's are a tie (XLA's cost analysis and the
+#: cost model's rates are not that exact); of tied candidates the leanest is chosen.
+PREDICTED_TIE = 0.01
+
+
 def _choose(fitting: list[PlanCandidate], measured: bool) -> PlanCandidate | None:
     """The fastest fitting candidate (for the leanest plan, the fitting ones are those
-    within 1% of the least temp memory); among equally fast ones, the fewest residual bytes."""
+    within 1% of the least temp memory); among equally fast ones, the fewest residual bytes.
+    Chosen by predicted time, the candidates within :data:`PREDICTED_TIE` of the fastest
+    tie, and the one with the least temp memory is chosen (so that a budget sweep sharing
+    ``cache=`` does not trade memory for a predicted 0.3%)."""
     if not fitting:
         return None
-    speed = PlanCandidate.speed_ms if measured else PlanCandidate.compiled_ms
-    return min(fitting, key=lambda c: (speed(c), c.residual_bytes or 0))
+    if measured:
+        return min(fitting, key=lambda c: (c.speed_ms(), c.residual_bytes or 0))
+    fastest = min(c.compiled_ms() for c in fitting)
+    tied = [c for c in fitting if c.compiled_ms() <= (1 + PREDICTED_TIE) * fastest]
+    return min(tied, key=lambda c: (c.compiled_temp_bytes(), c.compiled_ms(), c.residual_bytes or 0))

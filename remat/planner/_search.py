@@ -161,6 +161,7 @@ class CandidateSearch:
             self.compiles += len(todo)
             out = []
             for c, key in staged:
+                c = self.cache.get(c.label, c)  # with any estimate made since it was staged
                 if key is not None:
                     k = known[key]
                     c = self.cache[c.label] = dataclasses.replace(
