@@ -4,7 +4,7 @@
 ``models/`` at 8 and 16 blocks for budgets 0.25, 0.5 and 0.75 of the un-checkpointed
 step's compiled temp memory, with the default search and with the compile-everything one
 (``exhaustive=True``), then re-times the two plans (twice --repeat rounds) beside the
-fastest fixed named policy that fits (interleaved rounds, medians) and writes
+fastest fixed named policy that fits (interleaved rounds, ``Timings.paired_ms``) and writes
 ``plans.json`` and ``plans.md``; ``ratio_to_exhaustive`` is the default plan's time over
 the compile-everything plan's.
 
@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                               for c in (p.chosen, everything, best, nothing) if c is not None}
                     timings = time_programs(list(unique.values()), rounds=2 * args.repeat,
                                             min_sample_s=MIN_SAMPLE_S)
-                    ms = dict(zip(unique, timings.medians_ms()))
+                    # each sample over its round's median: the machine's slow spells cancel
+                    ms = dict(zip(unique, timings.paired_ms()))
                     row["chosen_ms"] = ms[p.chosen.program]
                     if everything is not None:
                         # the default search against the compile-everything one, timed together
