@@ -16,9 +16,9 @@ from remat.planner._search import CandidateSearch
 from remat.planner.programs import _spec_label
 from remat.planner.steering import NONE, _Survey
 
-#: How far under XLA's temp bytes the model's prediction for an assignment may be (the
-#: 8-block transformer's "`nothing` x6, no checkpoint x2": predicted 7% under, 31.2 MiB
-#: against 33.5 compiled, on the far side of glibc's 32 MiB mmap threshold).
+#: How far under XLA's temp bytes the model's prediction for an assignment may be: a
+#: buffer predicted just under glibc's mmap threshold can compile just over it
+#: (docs/planner.md, "The default search", step 3).
 TEMP_ERROR = 0.1
 #: Rounds of confirming compiles; after each round that finds nothing that fits, the
 #: next two assignments down the model's front compile.
@@ -241,8 +241,8 @@ def _scaled_pick(search: CandidateSearch, model: RegionModel, bound: float, pick
     it is predicted :data:`REPICK` faster than all of them.
 
     The first picks were chosen before the un-checkpointed step compiled, taking a byte of
-    predicted peak for a byte of temp memory (XLA's temp was 1.3-1.6 times the predicted
-    peak on the transformers): that can put a buffer on the wrong side of glibc's mmap
+    predicted peak for a byte of temp memory (XLA's temp is more, docs/planner.md step 4):
+    that can put a buffer on the wrong side of glibc's mmap
     threshold, that is, decide wrongly whether it pays page faults at every step
     (:func:`remat.analysis.budget.fault_ms`). Where the model has no faults to charge, the
     scaled model's order is the first one's, and nothing more compiles.
