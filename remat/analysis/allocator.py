@@ -46,7 +46,8 @@ _M_ARENA_MAX = -8
 
 @functools.lru_cache(maxsize=1)
 def glibc() -> ctypes.CDLL | None:
-    """The process's C library when it is glibc (``mallopt``, ``malloc_trim``); None elsewhere."""
+    """The process's C library when it is glibc (``mallopt``, ``malloc_trim``, ``malloc``,
+    ``free``, ``memset``); None elsewhere."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name or "libc.so.6")
@@ -58,6 +59,10 @@ def glibc() -> ctypes.CDLL | None:
     libc.mallopt.restype = ctypes.c_int
     libc.malloc_trim.argtypes = [ctypes.c_size_t]
     libc.malloc_trim.restype = ctypes.c_int
+    libc.malloc.argtypes, libc.malloc.restype = [ctypes.c_size_t], ctypes.c_void_p
+    libc.free.argtypes, libc.free.restype = [ctypes.c_void_p], None
+    libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    libc.memset.restype = ctypes.c_void_p
     return libc
 
 
@@ -90,9 +95,6 @@ def fault_s_per_byte(size: int = 48 * 2**20, repeat: int = 3) -> float:
     if libc is None:
         return 0.0
     malloc, free, memset = libc.malloc, libc.free, libc.memset
-    malloc.argtypes, malloc.restype = [ctypes.c_size_t], ctypes.c_void_p
-    free.argtypes, free.restype = [ctypes.c_void_p], None
-    memset.argtypes, memset.restype = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t], ctypes.c_void_p
     cores = os.cpu_count() or 1
     part = size // cores
 

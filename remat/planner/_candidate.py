@@ -96,6 +96,11 @@ class PlanCandidate:
                 "estimated_temp_bytes": self.estimated_temp_bytes, "estimated_ms": self.estimated_ms,
                 "superseded": self.superseded}
 
+    @property
+    def contends(self) -> bool:
+        """Fits, and is not superseded: one of the candidates the plan is chosen from."""
+        return bool(self.fits) and not self.superseded
+
     def speed_ms(self) -> float:
         """The measured time, else the predicted one (inf: neither, not compiled)."""
         if self.measured_ms is not None:

@@ -76,11 +76,14 @@ class RegionModel:
         """The page faults of the temp buffer predicted for a peak of ``top`` bytes
         (:func:`remat.analysis.budget.fault_ms`), charged from :data:`TEMP_ERROR` below the
         mmap threshold: a buffer predicted just under it may compile just over."""
-        return fault_ms(self.offset + self.scale * top, (1 - TEMP_ERROR) * FRESH_MAP_BYTES)
+        return fault_ms(self._temp(top), (1 - TEMP_ERROR) * FRESH_MAP_BYTES)
 
     def temp_bytes(self, a: Assignment) -> int:
         """The compiled temp bytes ``a`` is predicted to need."""
-        return int(self.offset + self.scale * a.peak)
+        return int(self._temp(a.peak))
+
+    def _temp(self, top: float) -> float:
+        return self.offset + self.scale * top
 
     def fitted(self, points: Sequence[tuple[float, float]]) -> RegionModel:
         """This model with ``offset`` and ``scale`` fitted (least squares) to compiled

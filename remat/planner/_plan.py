@@ -57,7 +57,7 @@ class Plan:
         chosen one's, else the fastest one the default search's model predicts to fit."""
         if self.chosen is None:
             return None
-        others = [c for c in self.candidates if c.fits and not c.superseded and c.program != self.chosen.program]
+        others = [c for c in self.candidates if c.contends and c.program != self.chosen.program]
         if others:
             return min(others, key=PlanCandidate.speed_ms)
         # the default search compiles little: the fastest other candidate its model

@@ -126,7 +126,7 @@ def plan(
     pool = [dataclasses.replace(c, fits=c.fits_in(limit)) for c in pool]
     if measure:
         pool = _timed(pool, args, repeat)
-    chosen = _choose([c for c in pool if c.fits and not c.superseded], measured=measure)
+    chosen = _choose([c for c in pool if c.contends], measured=measure)
     return Plan(memory_budget=float(budget), limit_bytes=limit, none_temp_bytes=none.compiled_temp_bytes(),
                 num_regions=n, feasible=chosen is not None, chosen=chosen, candidates=tuple(pool),
                 minimum_bytes=min(c.temp_bytes for c in pool if c.temp_bytes is not None),
@@ -153,7 +153,7 @@ def _timed(pool: list[PlanCandidate], args: tuple, repeat: int) -> list[PlanCand
     one program is timed once,
     whatever its spellings (timing it against itself would only let the machine's noise
     choose among equal programs)."""
-    fitting = {c.program: c for c in pool if c.fits and not c.superseded}
+    fitting = {c.program: c for c in pool if c.contends}
     if len(fitting) < 2:  # nothing to choose between: the one program that fits is the plan
         return pool
     programs = {program: c.executable() for program, c in fitting.items()}
