@@ -49,7 +49,7 @@ _calibrated = False
 
 
 __all__ = ["KeepChosen", "KeepableOp", "ResidualBudget", "ResidualBudgetChoice", "calibrate", "calibrate_once",
-           "knapsack", "op_cost", "rates", "residual_budget"]
+           "knapsack", "op_cost", "op_work", "rates", "residual_budget"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,10 +281,12 @@ def calibrate(size: int = 512, repeat: int = 5) -> dict[str, float]:
     v = jnp.ones((4 * size * size,), jnp.float32)
     mm = jax.jit(lambda a: a @ a)
     ew = jax.jit(lambda v: v * 1.5 + 1.0)
-    # the median of `repeat` samples each, after one warm-up call; a sample averages 10 ms
-    # of calls (the fastest single call of a sub-millisecond program varied 2x between runs)
-    mm_s, ew_s = (max(t, 1e-9) for t in time_programs([functools.partial(mm, a), functools.partial(ew, v)],
-                                                        rounds=repeat, min_sample_s=0.01).medians_s())
+    programs = [functools.partial(mm, a), functools.partial(ew, v)]
+    # a sample averages 10 ms of calls (the fastest single call of a sub-millisecond program
+    # varied 2x between runs); the rates are the medians of `repeat` samples each, after
+    # two untimed rounds of samples: the first samples of a process run at up to half speed
+    time_programs(programs, rounds=2, min_sample_s=0.01)
+    mm_s, ew_s = (max(t, 1e-9) for t in time_programs(programs, rounds=repeat, min_sample_s=0.01).medians_s())
 
     global _calibrated
     _RATES["flops_per_s"] = 2 * size**3 / mm_s
@@ -317,21 +319,34 @@ def calibrate_once() -> dict[str, float]:
 
 def op_cost(primitive: str, avals: Sequence[Any], params: dict, out_bytes: int) -> float:
     """Estimated seconds to recompute one operation (the cost model of the knapsack)."""
-    in_bytes = sum(aval_nbytes(a) for a in avals)
-    seconds = (in_bytes + out_bytes) / _RATES["bytes_per_s"]
+    flops, moved = op_work(primitive, avals, params, out_bytes)
+    return moved / _RATES["bytes_per_s"] + flops / _RATES["flops_per_s"]
+
+
+def op_work(primitive: str, avals: Sequence[Any], params: dict, out_bytes: int) -> tuple[float, float]:
+    """The work of one operation, unfused: ``(FLOPs of a matmul or convolution, bytes read
+    and written)``; :func:`op_cost` prices it at this machine's rates.
+
+    Example:
+      >>> import jax, numpy as np
+      >>> op_work("exp", [jax.ShapeDtypeStruct((8, 4), np.float32)], {}, 128)
+      (0.0, 256.0)
+    """
+    moved = float(sum(aval_nbytes(a) for a in avals) + out_bytes)
+    flops = 0.0
     if primitive == "dot_general" and len(avals) >= 2:
         (lhs_contract, _), _ = params["dimension_numbers"]
         k = math.prod(avals[0].shape[d] for d in lhs_contract)
         out_elems = out_bytes // max(itemsize(avals[0].dtype), 1)
-        seconds += 2 * out_elems * k / _RATES["flops_per_s"]
+        flops = 2.0 * out_elems * k
     elif primitive == "conv_general_dilated" and len(avals) >= 2:
         rhs = avals[1]
         groups = params.get("feature_group_count", 1) or 1
         out_elems = out_bytes // max(itemsize(avals[0].dtype), 1)
         kernel_elems = math.prod(rhs.shape)
         out_features = rhs.shape[params["dimension_numbers"].rhs_spec[0]] if params.get("dimension_numbers") else 1
-        seconds += 2 * out_elems * kernel_elems / max(out_features * groups, 1) * groups / _RATES["flops_per_s"]
-    return seconds
+        flops = 2.0 * out_elems * kernel_elems / max(out_features * groups, 1) * groups
+    return flops, moved
 
 
 # --- helpers ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Each region's recompute time and kept bytes under each option, from one trace of the step's forward pass."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -9,7 +9,8 @@ import jax
 from remat import _jax as xb
 from remat._core.lowering import classic_checkpoint
 from remat._core.residuals import aval_nbytes
-from remat.analysis.budget import op_cost
+from remat.analysis.budget import op_work, rates
+from remat.planner._search import _BACKGROUND, MEMORY_ONLY
 from remat.planner.steering import apply_policies
 from remat.policies import is_no_checkpoint, resolve_policy
 
@@ -29,12 +30,15 @@ def region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options: Sequ
 
     One trace of the step with every region checkpointed shows each region's forward
     operations. Under a policy, a region recomputes every operation whose output the
-    policy does not save (its backward reads nearly every intermediate); each costs what
-    :func:`remat.analysis.budget.op_cost` says (the residual budget's own model: bytes
-    read and written, and a matmul's or convolution's FLOPs, at this machine's rates).
-    Not checkpointed, a region recomputes nothing. The kept bytes are exact: the residuals
-    of ``jax.vjp`` of the region's body under each option (:func:`_kept_bytes`), traced
-    once per distinct body (a stack of identical blocks traces one).
+    policy does not save (its backward reads nearly every intermediate). Each operation's
+    work is what :func:`remat.analysis.budget.op_work` counts (a matmul's or convolution's
+    FLOPs, and bytes read and written as if nothing fused), scaled by what XLA's fusion
+    leaves of the whole forward: one compile of each distinct body's forward, without
+    LLVM's code generation, gives XLA's own FLOPs and bytes accessed for it. The work is
+    priced at this machine's rates. Not checkpointed, a region recomputes nothing. The
+    kept bytes are exact: the residuals of ``jax.vjp`` of the region's body under each
+    option (:func:`_kept_bytes`), traced once per distinct body (a stack of identical
+    blocks traces one).
 
     Args:
       step_fn: the step.
@@ -55,21 +59,32 @@ def region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options: Sequ
     if len(bodies) != n:
         return None
     policies = [None if is_no_checkpoint(o) else resolve_policy(o) for o in options]
-    ms, kept = [], []
-    known: dict[tuple[str, tuple[bool, ...]], tuple[list[float], list[int]]] = {}
-    for computed, body in bodies:
-        key = (str(body), computed)  # identical blocks print alike: one trace per distinct body
-        if key not in known:
-            ops = list(_leaf_eqns(body.jaxpr))
-            ms_row, kept_row = [], []
-            for option, policy in zip(options, policies):
-                unchecked = is_no_checkpoint(option)
-                saved = {v for e in ops for v in e.outvars} if unchecked else _saved_vars(ops, policy)
-                ms_row.append(1e3 * sum(_cost(e) for e in ops if not all(v in saved for v in e.outvars)))
-                kept_row.append(_kept_bytes(body, computed, policy, checkpointed=not unchecked))
-            known[key] = ms_row, kept_row
-        ms.append(list(known[key][0]))
-        kept.append(list(known[key][1]))
+    # identical blocks print alike: one trace per distinct body; meanwhile XLA compiles
+    # each distinct body's forward in the background, to show what its fusion saves
+    distinct = {(str(body), computed): body for computed, body in bodies}
+    fusing = {key: _BACKGROUND.submit(_compiled_work, body) for key, body in distinct.items()}
+    known: dict[tuple[str, tuple[bool, ...]], tuple[list[tuple[float, float]], list[int], tuple[float, float]]] = {}
+    for key, body in distinct.items():
+        ops = list(_leaf_eqns(body.jaxpr))
+        work = {e: _work(e) for e in ops}
+        work_row, kept_row = [], []
+        for option, policy in zip(options, policies):
+            unchecked = is_no_checkpoint(option)
+            saved = {v for e in ops for v in e.outvars} if unchecked else _saved_vars(ops, policy)
+            work_row.append(_total(w for e, w in work.items() if not all(v in saved for v in e.outvars)))
+            kept_row.append(_kept_bytes(body, key[1], policy, checkpointed=not unchecked))
+        known[key] = work_row, kept_row, _total(work.values())
+    rate = rates()
+    rows: dict[tuple[str, tuple[bool, ...]], tuple[list[float], list[int]]] = {}
+    for key, (work_row, kept_row, unfused) in known.items():
+        fused = fusing[key].result()
+        # XLA's count over the cost model's, for the whole forward: recomputing part of
+        # it is taken to fuse as well (1 where either count is missing)
+        scale = [x / u if x and u else 1.0 for x, u in zip(fused, unfused)] if fused else [1.0, 1.0]
+        rows[key] = ([1e3 * (f * scale[0] / rate["flops_per_s"] + b * scale[1] / rate["bytes_per_s"])
+                      for f, b in work_row], kept_row)
+    ms = [list(rows[(str(body), computed)][0]) for computed, body in bodies]
+    kept = [list(rows[(str(body), computed)][1]) for computed, body in bodies]
     return RegionCosts(ms, kept, list(options))
 
 
@@ -142,7 +157,30 @@ def _saved_vars(ops: list[Any], policy: Any) -> set[Any]:
     return saved
 
 
-def _cost(eqn: Any) -> float:
-    avals = [v.aval for v in eqn.invars]
+def _work(eqn: Any) -> tuple[float, float]:
+    """``(FLOPs, bytes moved)`` of one operation, unfused (:func:`remat.analysis.budget.op_work`)."""
     out_bytes = sum(aval_nbytes(v.aval) for v in eqn.outvars)
-    return op_cost(eqn.primitive.name, avals, eqn.params, out_bytes)
+    return op_work(eqn.primitive.name, [v.aval for v in eqn.invars], eqn.params, out_bytes)
+
+
+def _total(work: Iterable[tuple[float, float]]) -> tuple[float, float]:
+    flops, moved = 0.0, 0.0
+    for f, b in work:
+        flops, moved = flops + f, moved + b
+    return flops, moved
+
+
+def _compiled_work(body: Any) -> tuple[float, float] | None:
+    """``(FLOPs, bytes accessed)`` of a region's forward as XLA compiles it, fused (its cost
+    analysis; LLVM's code generation is skipped, :data:`remat.planner._search.MEMORY_ONLY`);
+    None where the backend gives no cost analysis."""
+    fn = xb.jaxpr_function(body)
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in body.jaxpr.invars]
+    try:
+        cost = jax.jit(fn).lower(*avals).compile(MEMORY_ONLY).cost_analysis()
+    except Exception:  # no cost analysis here: the unfused counts stand
+        return None
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    if not cost:
+        return None
+    return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))

@@ -26,6 +26,9 @@ ROUNDS = 4
 #: How far down the model's ranking a further budget-0 finalist is looked for.
 RANKED = 64
 
+#: Waits for compiles started in the background, and gives their candidates.
+Pending = Callable[[], list[PlanCandidate]]
+
 
 @dataclasses.dataclass(frozen=True)
 class RegionModel:
@@ -127,7 +130,7 @@ def region_model(costs: RegionCosts, none: PlanCandidate | None = None) -> Regio
 
 
 def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: RegionCosts,
-                second_opinion: bool = False) -> tuple[PlanCandidate, list[PlanCandidate]]:
+                waiting: Pending, second_opinion: bool = False) -> tuple[PlanCandidate, list[PlanCandidate]]:
     """The un-checkpointed step, and the candidates weighed: every option on all regions
     (predicted, compiled only if chosen), the predicted runner-up, and the finalists, compiled.
 
@@ -151,6 +154,8 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
       survey: the step's regions (no scan over layers, no ``checkpoint_sequential``).
       budget: the memory budget, a fraction of the un-checkpointed step's temp bytes.
       costs: :func:`remat.planner._costs.region_costs` for ``NONE`` and the policies.
+      waiting: the un-checkpointed step's compile, started (the budget's yardstick, which
+        compiles while the regions are costed and the pick is solved and lowered).
       second_opinion: compile and time :func:`_other` beside the pick.
 
     Returns:
@@ -158,15 +163,16 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
     """
     n = survey.regions
     guess = region_model(costs)
-    # the un-checkpointed step (the budget's yardstick) compiles first, while the pick is
-    # chosen and lowered: two compiles at once on two cores take longer than one after the other
-    unchecked = no_checkpoint_spec(survey)
-    search.cache.setdefault(unchecked.label, PlanCandidate(unchecked.label, unchecked.policies,
-                                                           residual_bytes=int(sum(guess.working))))
-    waiting = search.start([unchecked])
+    unchecked = search.cache[no_checkpoint_spec(survey).label]
+    if unchecked.residual_bytes is None:  # staged untraced: what its regions keep
+        search.cache[unchecked.label] = dataclasses.replace(unchecked, residual_bytes=int(sum(guess.working)))
     bound = _bound(guess, budget)  # in predicted-peak bytes, the same whatever the scale
     # predicted not to fit at all: the leanest compile at once, for the minimum reported
-    picks = _picks(guess, bound, budget, with_leaner=budget == 0, with_other=second_opinion) or _lean_pair(guess)
+    picks = _picks(guess, bound, budget, with_leaner=budget == 0, with_other=second_opinion)
+    if picks and budget > 0:  # the fastest for the scale unknown yet
+        picks = list({a.choice: a for a in [_hedged(guess, bound, picks[0]), *picks[1:]]}.values())
+    fastest = picks[:1] if budget > 0 else []  # what a pick of the scaled model may supersede
+    picks = picks or _lean_pair(guess)
     pending = _confirm(search, guess, picks) if picks else None
     none = waiting()[0]
     limit = int(budget * none.compiled_temp_bytes())
@@ -176,10 +182,10 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
     points = [(model.assignment((0,) * n).peak, float(none.compiled_temp_bytes()))]
     for a in picks:  # their predictions, now with the step's own time and temp bytes
         _estimated(search, model, a)
-    first_picks, repick = list(picks), None
-    if budget > 0 and pending is not None:
-        pending, picks = _scaled_pick(search, model, bound, picks, pending)
-        repick = picks[-1] if len(picks) > len(first_picks) else None
+    fastest = [model.assignment(a.choice) for a in fastest]  # scaled
+    scaled_model, best = model, None
+    if fastest and pending is not None:
+        pending, picks, best = _scaled_pick(search, model, bound, picks, pending)
     finalists: dict[str, PlanCandidate] = {}
     tried: set[tuple[RegionOption, ...]] = set()  # budget 0: what the assignments compiled cost, region by region
     for round_ in range(ROUNDS):
@@ -209,13 +215,15 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
         bound = min(a.peak for a in picks) * (1 - 1e-9)
         picks = _picks(model, bound, budget, with_leaner=True)
         pending = _confirm(search, model, picks) if picks else None
-    scaled = finalists.get(model.spec(repick).label) if repick is not None else None
-    if scaled is not None and scaled.fits_in(limit):
-        # the scaled model's pick fits: what was picked before the scale was known is
-        # predicted slower, so it is not timed against it
-        for a in first_picks:
-            label = model.spec(a).label
-            if label in finalists and label != scaled.label:
+    # of the picks for one scale or another, those the scaled model predicts REPICK slower
+    # than the fastest of them that fits are not timed against it
+    fitting = [a for a in [*fastest, *([best] if best is not None else [])]
+               if (c := finalists.get(scaled_model.spec(a).label)) is not None and c.fits_in(limit)]
+    if fitting:
+        quickest = min(a.ms for a in fitting)
+        for a in fitting:
+            if quickest < (1 - REPICK) * a.ms:
+                label = scaled_model.spec(a).label
                 finalists[label] = dataclasses.replace(finalists[label], superseded=True)
     if budget > 0 and not any(c.fits_in(limit) for c in finalists.values()):
         finalists.update((c.label, c) for c in _confirm(search, model, _lean_pair(model))())
@@ -235,28 +243,55 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
 REPICK = 0.02
 
 
-Pending = Callable[[], list[PlanCandidate]]
+#: The compiled temp bytes per byte of predicted peak the first pick is hedged for
+#: (:func:`_hedged`; what the built-in models measured is in docs/planner.md, step 4).
+HEDGE_SCALES = (1.0, 1.25, 1.5, 1.75, 2.0)
+
+
+def _hedged(guess: RegionModel, bound: float, fastest: Assignment) -> Assignment:
+    """Of the fastest assignments of ``guess`` were its temp bytes each of
+    :data:`HEDGE_SCALES` times its predicted peak, the one that loses least, at its worst
+    scale, to the fastest at that scale (``fastest``: the fastest at ``guess``'s scale).
+
+    The first pick is chosen before the un-checkpointed step compiles, so the scale is not
+    known (XLA's temp is more than the predicted peak): it decides on which side of glibc's
+    mmap threshold a buffer falls, that is, whether it pays page faults at every step
+    (:func:`remat.analysis.budget.fault_ms`). Where the threshold is not in play every
+    scale picks the same.
+    """
+    models = [dataclasses.replace(guess, scale=s * guess.scale) for s in HEDGE_SCALES]
+    found = {fastest.choice: fastest}
+    for model in models:
+        a = _fastest(model, bound)
+        if a is not None:
+            found.setdefault(a.choice, guess.assignment(a.choice))
+    if len(found) == 1:
+        return fastest
+    times = {choice: [model.assignment(choice).ms for model in models] for choice in found}
+    best = [min(ts[k] for ts in times.values()) for k in range(len(models))]
+
+    def regret(a: Assignment) -> float:
+        return max(t - b for t, b in zip(times[a.choice], best))
+
+    return min(found.values(), key=lambda a: (regret(a), a.peak))
 
 
 def _scaled_pick(search: CandidateSearch, model: RegionModel, bound: float, picks: list[Assignment],
-                 pending: Pending) -> tuple[Pending, list[Assignment]]:
+                 pending: Pending) -> tuple[Pending, list[Assignment], Assignment | None]:
     """The first picks, and beside them the fastest assignment of the scaled ``model`` where
-    it is predicted :data:`REPICK` faster than all of them.
+    it is predicted :data:`REPICK` faster than all of them (the scale was outside what
+    :func:`_hedge` covered); and that fastest assignment.
 
-    The first picks were chosen before the un-checkpointed step compiled, taking a byte of
-    predicted peak for a byte of temp memory (XLA's temp is more, docs/planner.md step 4):
-    that can put a buffer on the wrong side of glibc's mmap
-    threshold, that is, decide wrongly whether it pays page faults at every step
-    (:func:`remat.analysis.budget.fault_ms`). Where the model has no faults to charge, the
-    scaled model's order is the first one's, and nothing more compiles.
+    Where the model has no faults to charge, the scaled model's order is the first one's,
+    and nothing more compiles.
     """
     better = _fastest(model, bound)
     fitting = [a.ms for a in picks if a.peak <= bound]
     if better is None or better.choice in {a.choice for a in picks} or not fitting \
             or better.ms >= (1 - REPICK) * min(fitting):
-        return pending, picks
+        return pending, picks, better
     first, extra = pending, _confirm(search, model, [better])
-    return (lambda: first() + extra()), [*picks, better]
+    return (lambda: first() + extra()), [*picks, better], better
 
 
 def _fastest(model: RegionModel, bound: float,

@@ -89,14 +89,22 @@ def plan(
                          "checkpoint its blocks first")
     calibrate_once()  # predicted_ms at this machine's FLOP and byte rates, not defaults
     fast = not exhaustive and n > 0 and not survey.scan_depths and not survey.sequential_lengths
-    options = [*policies, *([tuple(survey.names)] if survey.names else [])]
-    costs = region_costs(step_fn, args, n, [NONE, *options]) if fast else None
-    fast = costs is not None
     search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache,
                              early_reject and not fast, lean=budget == 0, progress=progress)
+    # the un-checkpointed step (the budget's yardstick) compiles first, while the regions
+    # are costed and the first pick is made
+    unchecked = no_checkpoint_spec(survey)
+    if fast:  # its residual bytes come with the regions' costs, not from a trace of its own
+        search.cache.setdefault(unchecked.label, PlanCandidate(unchecked.label, unchecked.policies))
+    waiting = search.start([unchecked])
+    options = [*policies, *([tuple(survey.names)] if survey.names else [])]
+    costs = region_costs(step_fn, args, n, [NONE, *options]) if fast else None
+    if fast and costs is None:  # the regions are not all there is to decide
+        fast, search.early_reject = False, early_reject
+        search.retrace(unchecked)
     if fast:
         assert costs is not None
-        none, pool = fast_search(search, survey, budget, costs, second_opinion)
+        none, pool = fast_search(search, survey, budget, costs, waiting, second_opinion)
         # what earlier plans of this step compiled into cache= is weighed too, at no cost
         # (a sweep down the budgets then never forgets a plan that still fits)
         seen = {c.label for c in pool} | {none.label}
@@ -104,7 +112,7 @@ def plan(
                    and c.scan is None and c.sequential is None and len(c.policies) == n]
         pool = [none, *pool, *earlier]
     else:
-        none = search.evaluate(no_checkpoint_spec(survey))
+        none = waiting()[0]
         search.calibrate(none, int(budget * none.compiled_temp_bytes()))
         pool = [none, *search.evaluate_many(family_specs(survey, policies, budget_fractions))]
         if not survey.scan_depths:
