@@ -54,15 +54,29 @@ def region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options: Sequ
       >>> region_costs(loss, (params, x), 4, [NONE, "nothing", "dots"]).ms[0]  # doctest: +SKIP
       [0.0, 0.021, 0.008]
     """
+    finish = start_region_costs(step_fn, args, n, options)
+    return None if finish is None else finish()
+
+
+def start_region_costs(step_fn: Callable[..., Any], args: tuple, n: int,
+                       options: Sequence[Any]) -> Callable[[], RegionCosts] | None:
+    """:func:`region_costs` in two halves: the step's trace here, which starts the compiles
+    of its distinct region bodies in the background; the rest in the function returned
+    (None: the trace does not show the ``n`` regions)."""
     jaxpr = jax.make_jaxpr(lambda *a: apply_policies(step_fn, ("nothing",) * n)(*a))(*args)
     bodies = list(_region_bodies(jaxpr.jaxpr))
     if len(bodies) != n:
         return None
-    policies = [None if is_no_checkpoint(o) else resolve_policy(o) for o in options]
-    # identical blocks print alike: one trace per distinct body; meanwhile XLA compiles
-    # each distinct body's forward in the background, to show what its fusion saves
+    # identical blocks print alike: one trace per distinct body; XLA compiles each
+    # distinct body's forward in the background, to show what its fusion saves
     distinct = {(str(body), computed): body for computed, body in bodies}
     fusing = {key: _BACKGROUND.submit(_compiled_work, body) for key, body in distinct.items()}
+    return lambda: _priced(bodies, distinct, fusing, list(options))
+
+
+def _priced(bodies: list[tuple[tuple[bool, ...], Any]], distinct: dict[tuple[str, tuple[bool, ...]], Any],
+            fusing: dict[tuple[str, tuple[bool, ...]], Any], options: list[Any]) -> RegionCosts:
+    policies = [None if is_no_checkpoint(o) else resolve_policy(o) for o in options]
     known: dict[tuple[str, tuple[bool, ...]], tuple[list[tuple[float, float]], list[int], tuple[float, float]]] = {}
     for key, body in distinct.items():
         ops = list(_leaf_eqns(body.jaxpr))

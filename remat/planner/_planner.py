@@ -8,7 +8,7 @@ from typing import Any
 
 from remat.analysis.budget import calibrate_once
 from remat.planner._candidate import PlanCandidate
-from remat.planner._costs import region_costs
+from remat.planner._costs import start_region_costs
 from remat.planner._families import family_specs, no_checkpoint_spec
 from remat.planner._fast import fast_search
 from remat.planner._mixed import mixed_spec, mixed_specs, uniform_costs
@@ -89,22 +89,20 @@ def plan(
                          "checkpoint its blocks first")
     calibrate_once()  # predicted_ms at this machine's FLOP and byte rates, not defaults
     fast = not exhaustive and n > 0 and not survey.scan_depths and not survey.sequential_lengths
+    options = [*policies, *([tuple(survey.names)] if survey.names else [])]
+    # the regions' bodies compile in the background (a fraction of the step each) while
+    # the un-checkpointed step (the budget's yardstick) lowers; it compiles while the
+    # regions are costed and the first pick is made
+    costing = start_region_costs(step_fn, args, n, [NONE, *options]) if fast else None
+    fast = costing is not None
     search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache,
                              early_reject and not fast, lean=budget == 0, progress=progress)
-    # the un-checkpointed step (the budget's yardstick) compiles first, while the regions
-    # are costed and the first pick is made
     unchecked = no_checkpoint_spec(survey)
     if fast:  # its residual bytes come with the regions' costs, not from a trace of its own
         search.cache.setdefault(unchecked.label, PlanCandidate(unchecked.label, unchecked.policies))
     waiting = search.start([unchecked])
-    options = [*policies, *([tuple(survey.names)] if survey.names else [])]
-    costs = region_costs(step_fn, args, n, [NONE, *options]) if fast else None
-    if fast and costs is None:  # the regions are not all there is to decide
-        fast, search.early_reject = False, early_reject
-        search.retrace(unchecked)
-    if fast:
-        assert costs is not None
-        none, pool = fast_search(search, survey, budget, costs, waiting, second_opinion)
+    if costing is not None:
+        none, pool = fast_search(search, survey, budget, costing(), waiting, second_opinion)
         # what earlier plans of this step compiled into cache= is weighed too, at no cost
         # (a sweep down the budgets then never forgets a plan that still fits)
         seen = {c.label for c in pool} | {none.label}

@@ -88,14 +88,6 @@ class CandidateSearch:
                 residual_bytes=saved_residuals(planned, *self.args).residual_bytes)
         return c
 
-    def retrace(self, spec: CandidateSpec) -> None:
-        """Traces ``spec`` for its residual bytes, where its candidate was staged without them."""
-        c = self.cache[spec.label]
-        if c.residual_bytes is None:
-            planned = apply_policies(self.step_fn, spec.policies, spec.scan, spec.sequential, spec.whole_step)
-            self.cache[spec.label] = dataclasses.replace(
-                c, residual_bytes=saved_residuals(planned, *self.args).residual_bytes)
-
     def preview(self, spec: CandidateSpec) -> tuple[PlanCandidate, str | None]:
         """The candidate of ``spec`` traced and lowered, not compiled: its residual bytes, and
         its estimated temp bytes and time (:meth:`estimate`). The key is its lowering's
