@@ -249,3 +249,29 @@ def test_the_first_pick_is_hedged_for_the_scale_not_known_before_the_step_compil
     # without faults to charge, every scale picks the same
     monkeypatch.setitem(budget._RATES, "fault_s_per_byte", 0.0)
     assert _fast._hedged(guess, float("inf"), first) == first
+
+
+def test_a_fitting_pick_climbs_where_the_temp_bytes_follow_a_line_with_an_offset(monkeypatch):
+    from remat.analysis import budget
+    from remat.planner import _fast
+    from remat.planner._candidate import PlanCandidate
+
+    monkeypatch.setitem(budget._RATES, "fault_s_per_byte", 0.0)
+    # four regions, each kept (4 bytes, 1 ms) or recomputed (1 byte, 2 ms); XLA's temp is
+    # the predicted peak less 6 (the MLP's shape): 10 un-checkpointed, so a budget of 0.75
+    # allows 7.5, which a bound proportional to the peak puts at a peak of 12, and the line
+    # at 13.5
+    opts = (RegionOption(4.0, 1.0), RegionOption(1.0, 2.0))
+    model = _fast.RegionModel((NONE, "nothing"), (opts,) * 4, (4.0,) * 4, 10 / 16)
+    limit = 7.5
+    pick = _fast._fastest(model, 0.75 * 16)
+    assert pick.choice == (1, 1, 0, 0) and pick.peak == 10.0
+    spec = model.spec(pick)
+    finalists = {spec.label: PlanCandidate(spec.label, spec.policies, temp_bytes=4)}
+    climbed = _fast._climbed(model, [(16.0, 10.0), (10.0, 4.0)], limit, finalists)
+    assert climbed.choice == (1, 0, 0, 0) and climbed.peak == 13.0 and climbed.ms == 5.0
+    # compiled already, or not faster: nothing to climb to
+    finalists[model.spec(climbed).label] = PlanCandidate(model.spec(climbed).label, (), temp_bytes=7)
+    assert _fast._climbed(model, [(16.0, 10.0), (10.0, 4.0)], limit, finalists) is None
+    # temp bytes proportional to the peak: the bound stays where it was
+    assert _fast._climbed(model, [(16.0, 10.0)], limit, finalists) is None

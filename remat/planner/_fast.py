@@ -193,6 +193,7 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
             break
         confirmed = pending()
         finalists.update((c.label, c) for c in confirmed)
+        points += [(a.peak, c.compiled_temp_bytes()) for a, c in zip(picks, confirmed)]
         if budget == 0:
             # the leanest: the least temp bytes compiled (the lean pair's) fix the limit; if
             # the predicted-fastest missed it (the model's peaks tie where XLA's differ by a
@@ -210,11 +211,13 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
         # none fits: the next two assignments down the model's front, below the least
         # predicted peak that missed (a walk that skips none, so that a lower budget never
         # stops above a higher one's plan); their predictions refitted to what compiled
-        points += [(a.peak, c.compiled_temp_bytes()) for a, c in zip(picks, confirmed)]
         model = model.fitted(points)
         bound = min(a.peak for a in picks) * (1 - 1e-9)
         picks = _picks(model, bound, budget, with_leaner=True)
         pending = _confirm(search, model, picks) if picks else None
+    climbed = _climbed(model, points, limit, finalists) if budget > 0 else None
+    if climbed is not None:
+        finalists.update((c.label, c) for c in _confirm(search, model.fitted(points), [climbed])())
     # of the picks for one scale or another, those the scaled model predicts REPICK slower
     # than the fastest of them that fits are not timed against it
     fitting = [a for a in [*fastest, *([best] if best is not None else [])]
@@ -280,7 +283,7 @@ def _scaled_pick(search: CandidateSearch, model: RegionModel, bound: float, pick
                  pending: Pending) -> tuple[Pending, list[Assignment], Assignment | None]:
     """The first picks, and beside them the fastest assignment of the scaled ``model`` where
     it is predicted :data:`REPICK` faster than all of them (the scale was outside what
-    :func:`_hedge` covered); and that fastest assignment.
+    :func:`_hedged` covered); and that fastest assignment.
 
     Where the model has no faults to charge, the scaled model's order is the first one's,
     and nothing more compiles.
@@ -292,6 +295,39 @@ def _scaled_pick(search: CandidateSearch, model: RegionModel, bound: float, pick
         return pending, picks, better
     first, extra = pending, _confirm(search, model, [better])
     return (lambda: first() + extra()), [*picks, better], better
+
+
+def _climbed(model: RegionModel, points: Sequence[tuple[float, float]], limit: float,
+             finalists: dict[str, PlanCandidate]) -> Assignment | None:
+    """The fastest assignment that the model, refitted to every compiled point, predicts
+    within ``limit``, where none of ``finalists`` fits or it is predicted :data:`REPICK`
+    faster than those that fit, and it has not compiled yet.
+
+    The model's bound is a fraction of the un-checkpointed step's predicted peak, that is,
+    temp bytes proportional to the predicted peak. Where XLA's temp bytes follow a line
+    with an offset (the MLP's are the predicted peak less a constant), that bound shuts out
+    assignments that fit; the line through the un-checkpointed step and the picks admits them.
+    """
+    fitted = model.fitted(points)
+    if fitted is model:
+        return None
+    found = _fastest(fitted, (limit - fitted.offset) / fitted.scale)
+    if found is None or fitted.spec(found).label in finalists:
+        return None
+    fitting = [fitted.assignment(_choice(fitted, c)).ms for c in finalists.values()
+               if c.fits_in(limit) and _choice(fitted, c) is not None]
+    if fitting and found.ms >= (1 - REPICK) * min(fitting):
+        return None
+    return found
+
+
+def _choice(model: RegionModel, c: PlanCandidate) -> tuple[int, ...] | None:
+    """The option index of each region of candidate ``c`` (None: not a per-region assignment of ``model``)."""
+    labels = [_spec_label(p) for p in model.policies]
+    try:
+        return tuple(labels.index(_spec_label(p)) for p in c.policies)
+    except ValueError:
+        return None
 
 
 def _fastest(model: RegionModel, bound: float,
