@@ -203,18 +203,25 @@ def test_page_faults_of_a_temp_buffer_over_the_mmap_threshold_are_part_of_the_pr
     assert _fastest(model, 30.0 * mib).ms == pytest.approx(45.0)
 
 
-def test_the_pick_of_the_scaled_model_compiles_beside_the_first_when_it_is_faster(monkeypatch):
+def _two_regions_near_the_mmap_threshold(monkeypatch):
+    """Two regions, each kept (12 MiB, 10 ms) or recomputed (1 MiB, 12 ms), faults at
+    1 ms per MiB: the model at a byte of temp per byte of predicted peak."""
     from remat.analysis import budget
     from remat.planner import _fast
 
     mib = 2**20
     monkeypatch.setitem(budget._RATES, "fault_s_per_byte", 1e-3 / mib)
-    # a region keeps 12 MiB (10 ms) or 1 MiB (12 ms); a byte of peak taken for a byte of
-    # temp, keeping both (24 MiB) is under the threshold, so the first pick keeps both;
-    # scaled by 1.5 that is 36 MiB and 36 ms of faults, and the first region recomputed
-    # (13 MiB, 19.5 scaled) is faster
     opts = (RegionOption(12.0 * mib, 10.0), RegionOption(1.0 * mib, 12.0))
-    guess = _fast.RegionModel((NONE, "nothing"), (opts, opts), (12.0 * mib, 12.0 * mib), 1.0)
+    return _fast.RegionModel((NONE, "nothing"), (opts, opts), (12.0 * mib, 12.0 * mib), 1.0)
+
+
+def test_the_pick_of_the_scaled_model_compiles_beside_the_first_when_it_is_faster(monkeypatch):
+    from remat.planner import _fast
+
+    # a byte of peak taken for a byte of temp, keeping both (24 MiB) is under the
+    # threshold, so the first pick keeps both; scaled by 1.5 that is 36 MiB and 36 ms of
+    # faults, and the first region recomputed (13 MiB, 19.5 scaled) is faster
+    guess = _two_regions_near_the_mmap_threshold(monkeypatch)
     first = _fast._fastest(guess, float("inf"))
     assert first.choice == (0, 0) and first.ms == 20.0
     scaled = _fast.RegionModel(guess.policies, guess.options, guess.working, 1.5)
@@ -234,14 +241,11 @@ def test_the_first_pick_is_hedged_for_the_scale_not_known_before_the_step_compil
     from remat.analysis import budget
     from remat.planner import _fast
 
-    mib = 2**20
-    monkeypatch.setitem(budget._RATES, "fault_s_per_byte", 1e-3 / mib)
-    # as above: at a byte of temp per byte of peak, keeping both regions (24 MiB, 20 ms) is
-    # fastest; from 1.25 bytes per byte on it is over the threshold, 30-48 ms of faults
-    # more, while the first region recomputed (13 MiB; 16-26 MiB of temp, no faults at
-    # any scale hedged for) costs 2 ms more: it loses least at its worst scale
-    opts = (RegionOption(12.0 * mib, 10.0), RegionOption(1.0 * mib, 12.0))
-    guess = _fast.RegionModel((NONE, "nothing"), (opts, opts), (12.0 * mib, 12.0 * mib), 1.0)
+    # at a byte of temp per byte of peak, keeping both regions (24 MiB, 20 ms) is fastest;
+    # from 1.25 bytes per byte on it is over the threshold, 30-48 ms of faults more, while
+    # the first region recomputed (13 MiB; 16-26 MiB of temp, no faults at any scale
+    # hedged for) costs 2 ms more: it loses least at its worst scale
+    guess = _two_regions_near_the_mmap_threshold(monkeypatch)
     first = _fast._fastest(guess, float("inf"))
     assert first.choice == (0, 0)
     hedged = _fast._hedged(guess, float("inf"), first)
