@@ -10,7 +10,7 @@ from remat import _jax as xb
 from remat._core.lowering import classic_checkpoint
 from remat._core.residuals import aval_nbytes
 from remat.analysis.budget import op_work, rates
-from remat.planner._search import _BACKGROUND, MEMORY_ONLY
+from remat.planner._search import _BACKGROUND, MEMORY_ONLY, compile_all
 from remat.planner.steering import apply_policies
 from remat.policies import is_no_checkpoint, resolve_policy
 
@@ -191,7 +191,7 @@ def _compiled_work(body: Any) -> tuple[float, float] | None:
     fn = xb.jaxpr_function(body)
     avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in body.jaxpr.invars]
     try:
-        cost = jax.jit(fn).lower(*avals).compile(MEMORY_ONLY).cost_analysis()
+        cost = compile_all([jax.jit(fn).lower(*avals)], MEMORY_ONLY)[0].cost_analysis()
     except Exception:  # no cost analysis here: the unfused counts stand
         return None
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost

@@ -314,8 +314,8 @@ def _climbed(model: RegionModel, points: Sequence[tuple[float, float]], limit: f
     found = _fastest(fitted, (limit - fitted.offset) / fitted.scale)
     if found is None or fitted.spec(found).label in finalists:
         return None
-    fitting = [fitted.assignment(_choice(fitted, c)).ms for c in finalists.values()
-               if c.fits_in(limit) and _choice(fitted, c) is not None]
+    choices = [_choice(fitted, c) for c in finalists.values() if c.fits_in(limit)]
+    fitting = [fitted.assignment(choice).ms for choice in choices if choice is not None]
     if fitting and found.ms >= (1 - REPICK) * min(fitting):
         return None
     return found
