@@ -139,7 +139,9 @@ def run_one(model: str, depth: int, repeat: int, log) -> list[dict]:
                "oracle": best["label"] if best else None, "oracle_ms": ms[best["program"]] if best else None,
                "oracle_temp_bytes": best["temp_bytes"] if best else None,
                # the five fastest fitting assignments, to see how far apart the leaders are
-               "oracle_fastest": sorted(((ms[r["program"]], r["label"]) for r in fitting))[:5]}
+               "oracle_fastest": sorted(((ms[r["program"]], r["label"]) for r in fitting))[:5],
+               # what the planner weighed, compiled and timed: why it chose what it chose
+               "plan_candidates": [c.to_dict() for c in p.candidates]}
         row["first_pass_ratio"] = row["plan_ms"] / row["oracle_ms"] if best and p.chosen else None
         row["ratio"] = row["worst_ratio"] = row["ratio_of_medians"] = None
         if best and p.chosen:
