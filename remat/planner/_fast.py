@@ -138,8 +138,10 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
     :func:`remat.planner._assign.fastest_within` gives the exact fastest assignment whose
     predicted peak is at most ``budget`` times the un-checkpointed step's (with
     ``second_opinion``, :func:`_other` too: the fastest without the pick's main policy).
-    Neither needs a compile, so the pick compiles in the background, and beside it the
-    un-checkpointed step (the budget's yardstick). If no pick fits, the next two
+    Neither needs a compile, so the pick (hedged over the scale not known yet,
+    :func:`_hedged`) compiles in the background, beside the un-checkpointed step (the
+    budget's yardstick). Once a pick fits, a faster assignment that the compiled points
+    show room for compiles too (:func:`_climbed`). If no pick fits, the next two
     assignments down the model's front (the fastest below the least predicted peak that
     missed, and the fastest leaner than that) compile, at most ``ROUNDS`` rounds in all;
     if still nothing fits, the leanest assignments compile (every region keeping least,

@@ -62,9 +62,10 @@ def plan(
         The default, for a step whose regions are all there is to decide (no scan over
         layers, no ``checkpoint_sequential``), traces each of ``policies`` (and the
         step's ``checkpoint_name`` tags) once on every region, solves for the fastest
-        per-region assignment predicted to fit, and compiles only that one and the next
-        leaner one to confirm (``docs/planner.md``, "The default search"); other steps,
-        and ``exhaustive=True``, compile every candidate.
+        per-region assignment predicted to fit, and compiles only that one to confirm
+        (and a few more where it misses, or where the compiled temp bytes show room for
+        a faster one: ``docs/planner.md``, "The default search"); other steps, and
+        ``exhaustive=True``, compile every candidate.
       second_opinion: the default search also compiles, and times beside its pick, the
         fastest assignment that does without the pick's main policy (the time model's
         errors between policies are larger than its margins; this costs about one more
