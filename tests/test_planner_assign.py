@@ -272,10 +272,11 @@ def test_a_fitting_pick_climbs_where_the_temp_bytes_follow_a_line_with_an_offset
     assert pick.choice == (1, 1, 0, 0) and pick.peak == 10.0
     spec = model.spec(pick)
     finalists = {spec.label: PlanCandidate(spec.label, spec.policies, temp_bytes=4)}
-    climbed = _fast._climbed(model, [(16.0, 10.0), (10.0, 4.0)], limit, finalists)
+    line = model.fitted([(16.0, 10.0), (10.0, 4.0)])
+    climbed = _fast._climbed(line, limit, finalists)
     assert climbed.choice == (1, 0, 0, 0) and climbed.peak == 13.0 and climbed.ms == 5.0
     # compiled already, or not faster: nothing to climb to
     finalists[model.spec(climbed).label] = PlanCandidate(model.spec(climbed).label, (), temp_bytes=7)
-    assert _fast._climbed(model, [(16.0, 10.0), (10.0, 4.0)], limit, finalists) is None
-    # temp bytes proportional to the peak: the bound stays where it was
-    assert _fast._climbed(model, [(16.0, 10.0)], limit, finalists) is None
+    assert _fast._climbed(line, limit, finalists) is None
+    # temp bytes proportional to the peak: no line to fit, the bound stays where it was
+    assert model.fitted([(16.0, 10.0)]) is model

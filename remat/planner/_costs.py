@@ -69,15 +69,21 @@ def start_region_costs(step_fn: Callable[..., Any], args: tuple, n: int,
         return None
     # identical blocks print alike: one trace per distinct body; XLA compiles each
     # distinct body's forward in the background, to show what its fusion saves
-    distinct = {(str(body), computed): body for computed, body in bodies}
+    keys = [(str(body), computed) for computed, body in bodies]
+    distinct = dict(zip(keys, (body for _, body in bodies)))
     fusing = {key: _BACKGROUND.submit(_compiled_work, body) for key, body in distinct.items()}
-    return lambda: _priced(bodies, distinct, fusing, list(options))
+    return lambda: _priced(keys, distinct, fusing, list(options))
 
 
-def _priced(bodies: list[tuple[tuple[bool, ...], Any]], distinct: dict[tuple[str, tuple[bool, ...]], Any],
-            fusing: dict[tuple[str, tuple[bool, ...]], Any], options: list[Any]) -> RegionCosts:
+Key = tuple[str, tuple[bool, ...]]  # a region body, printed, and which of its inputs the step computed
+
+
+def _priced(keys: list[Key], distinct: dict[Key, Any], fusing: dict[Key, Any], options: list[Any]) -> RegionCosts:
+    """The costs of the regions ``keys`` (in order), one trace of each distinct body per
+    option, its work scaled by what XLA's compile of its forward (``fusing``) counted."""
     policies = [None if is_no_checkpoint(o) else resolve_policy(o) for o in options]
-    known: dict[tuple[str, tuple[bool, ...]], tuple[list[tuple[float, float]], list[int], tuple[float, float]]] = {}
+    rate = rates()
+    rows: dict[Key, tuple[list[float], list[int]]] = {}
     for key, body in distinct.items():
         ops = list(_leaf_eqns(body.jaxpr))
         work = {e: _work(e) for e in ops}
@@ -87,19 +93,13 @@ def _priced(bodies: list[tuple[tuple[bool, ...], Any]], distinct: dict[tuple[str
             saved = {v for e in ops for v in e.outvars} if unchecked else _saved_vars(ops, policy)
             work_row.append(_total(w for e, w in work.items() if not all(v in saved for v in e.outvars)))
             kept_row.append(_kept_bytes(body, key[1], policy, checkpointed=not unchecked))
-        known[key] = work_row, kept_row, _total(work.values())
-    rate = rates()
-    rows: dict[tuple[str, tuple[bool, ...]], tuple[list[float], list[int]]] = {}
-    for key, (work_row, kept_row, unfused) in known.items():
-        fused = fusing[key].result()
+        fused, unfused = fusing[key].result(), _total(work.values())
         # XLA's count over the cost model's, for the whole forward: recomputing part of
         # it is taken to fuse as well (1 where either count is missing)
         scale = [x / u if x and u else 1.0 for x, u in zip(fused, unfused)] if fused else [1.0, 1.0]
         rows[key] = ([1e3 * (f * scale[0] / rate["flops_per_s"] + b * scale[1] / rate["bytes_per_s"])
                       for f, b in work_row], kept_row)
-    ms = [list(rows[(str(body), computed)][0]) for computed, body in bodies]
-    kept = [list(rows[(str(body), computed)][1]) for computed, body in bodies]
-    return RegionCosts(ms, kept, list(options))
+    return RegionCosts([list(rows[k][0]) for k in keys], [list(rows[k][1]) for k in keys], list(options))
 
 
 def _kept_bytes(body: Any, computed: tuple[bool, ...], policy: Any, checkpointed: bool) -> int:

@@ -217,9 +217,10 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
         bound = min(a.peak for a in picks) * (1 - 1e-9)
         picks = _picks(model, bound, budget, with_leaner=True)
         pending = _confirm(search, model, picks) if picks else None
-    climbed = _climbed(model, points, limit, finalists) if budget > 0 else None
+    line = model.fitted(points)  # through every compiled point
+    climbed = _climbed(line, limit, finalists) if budget > 0 and line is not model else None
     if climbed is not None:
-        finalists.update((c.label, c) for c in _confirm(search, model.fitted(points), [climbed])())
+        finalists.update((c.label, c) for c in _confirm(search, line, [climbed])())
     # of the picks for one scale or another, those the scaled model predicts REPICK slower
     # than the fastest of them that fits are not timed against it
     fitting = [a for a in [*fastest, *([best] if best is not None else [])]
@@ -299,9 +300,8 @@ def _scaled_pick(search: CandidateSearch, model: RegionModel, bound: float, pick
     return (lambda: first() + extra()), [*picks, better], better
 
 
-def _climbed(model: RegionModel, points: Sequence[tuple[float, float]], limit: float,
-             finalists: dict[str, PlanCandidate]) -> Assignment | None:
-    """The fastest assignment that the model, refitted to every compiled point, predicts
+def _climbed(fitted: RegionModel, limit: float, finalists: dict[str, PlanCandidate]) -> Assignment | None:
+    """The fastest assignment that the model ``fitted`` to every compiled point predicts
     within ``limit``, where none of ``finalists`` fits or it is predicted :data:`REPICK`
     faster than those that fit, and it has not compiled yet.
 
@@ -310,9 +310,6 @@ def _climbed(model: RegionModel, points: Sequence[tuple[float, float]], limit: f
     with an offset (the MLP's are the predicted peak less a constant), that bound shuts out
     assignments that fit; the line through the un-checkpointed step and the picks admits them.
     """
-    fitted = model.fitted(points)
-    if fitted is model:
-        return None
     found = _fastest(fitted, (limit - fitted.offset) / fitted.scale)
     if found is None or fitted.spec(found).label in finalists:
         return None
