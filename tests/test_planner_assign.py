@@ -141,6 +141,30 @@ def test_a_memory_only_compile_has_the_full_compiles_hlo_and_temp_bytes(model):
         assert program_fingerprint(lean) == program_fingerprint(full)
 
 
+def test_a_program_fingerprint_ignores_source_lines_and_tells_programs_apart(monkeypatch):
+    import jax
+
+    from remat import _jax as xb
+    from remat.planner import program_fingerprint
+
+    def step(variant):
+        def loss(x):  # one name: the module is named after it
+            if variant == "other lines":  # the same program, traced from other lines
+                y = jnp.sin(x)
+                return y * 2.0
+            return (jnp.cos if variant == "cos" else jnp.sin)(x) * 2.0
+        return loss
+
+    x = jnp.ones((4, 4))
+    f_, g_, h_ = (jax.jit(step(v)).lower(x).compile() for v in ("sin", "other lines", "cos"))
+    assert "metadata=" in f_.as_text()  # the source lines are in the HLO as printed
+    for printer in ("XLA's", "the text edited"):
+        if printer == "the text edited":  # a jaxlib without XLA's printer
+            monkeypatch.setattr(xb, "optimized_hlo_without_metadata", lambda compiled: None)
+        assert program_fingerprint(f_) == program_fingerprint(g_), printer
+        assert program_fingerprint(f_) != program_fingerprint(h_), printer
+
+
 def test_a_second_opinion_compiles_the_fastest_assignment_without_the_picks_main_policy():
     x = jnp.linspace(-1, 1, 64 * X.shape[1]).reshape(64, X.shape[1])
     alone = plan(loss, WS, x, memory_budget=0.9, measure=False)
@@ -201,6 +225,31 @@ def test_page_faults_of_a_temp_buffer_over_the_mmap_threshold_are_part_of_the_pr
     # the last region recomputed saves nothing (its backward follows its forward at once)
     assert best.choice[-1] == 0
     assert _fastest(model, 30.0 * mib).ms == pytest.approx(45.0)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_fastest_with_page_faults_is_the_brute_force_optimum(seed, monkeypatch):
+    # the walk down the front stops early (the least faults a buffer over the threshold
+    # pays); the brute force weighs every fitting assignment with its faults
+    from remat.analysis import budget
+    from remat.planner._fast import RegionModel, _fastest
+
+    mib, rng = 2**20, random.Random(seed)
+    n, k = rng.randint(1, 5), rng.randint(1, 4)
+    options = tuple(tuple(RegionOption(rng.randint(0, 20) * mib, rng.uniform(0, 30)) for _ in range(k))
+                    for _ in range(n))
+    working = tuple(rng.randint(0, 30) * mib for _ in range(n))
+    model = RegionModel((NONE, *range(1, k)), options, working, rng.uniform(0.5, 2.0),
+                        rng.uniform(-8, 8) * mib)
+    monkeypatch.setitem(budget._RATES, "fault_s_per_byte", rng.choice([0.0, 0.2, 1.0, 5.0]) * 1e-3 / mib)
+    limit = rng.randint(0, 80) * mib
+    brute = [model.assignment(choice) for choice in _fitting(options, working, limit)]
+    found = _fastest(model, limit)
+    if not brute:
+        assert found is None
+        return
+    assert found is not None and found.peak <= limit
+    assert found.ms == pytest.approx(min(a.ms for a in brute))
 
 
 def _two_regions_near_the_mmap_threshold(monkeypatch):

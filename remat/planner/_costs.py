@@ -58,12 +58,14 @@ def region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options: Sequ
     return None if finish is None else finish()
 
 
-def start_region_costs(step_fn: Callable[..., Any], args: tuple, n: int,
-                       options: Sequence[Any]) -> Callable[[], RegionCosts] | None:
-    """:func:`region_costs` in two halves: the step's trace here, which starts the compiles
-    of its distinct region bodies in the background; the rest in the function returned
-    (None: the trace does not show the ``n`` regions)."""
-    jaxpr = jax.make_jaxpr(lambda *a: apply_policies(step_fn, ("nothing",) * n)(*a))(*args)
+def start_region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options: Sequence[Any],
+                       jaxpr: Any = None) -> Callable[[], RegionCosts] | None:
+    """:func:`region_costs` in two halves: the step's trace here (or ``jaxpr``, that trace
+    made already, every region checkpointed with policy ``"nothing"``), which starts the
+    compiles of its distinct region bodies in the background; the rest in the function
+    returned (None: the trace does not show the ``n`` regions)."""
+    if jaxpr is None:
+        jaxpr = jax.make_jaxpr(lambda *a: apply_policies(step_fn, ("nothing",) * n)(*a))(*args)
     bodies = list(_region_bodies(jaxpr.jaxpr))
     if len(bodies) != n:
         return None

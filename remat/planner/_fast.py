@@ -81,6 +81,16 @@ class RegionModel:
         mmap threshold: a buffer predicted just under it may compile just over."""
         return fault_ms(self._temp(top), (1 - TEMP_ERROR) * FRESH_MAP_BYTES)
 
+    def fault_free_peak(self) -> float:
+        """The predicted peak from which :meth:`fault_ms` charges page faults."""
+        return ((1 - TEMP_ERROR) * FRESH_MAP_BYTES - self.offset) / self.scale
+
+    def peak_faulting(self, ms: float) -> float:
+        """The predicted peak whose temp buffer's page faults cost ``ms`` (:meth:`fault_ms`
+        is that or more above it); infinite where faults cost nothing."""
+        per_byte = fault_ms(2 * FRESH_MAP_BYTES) / (2 * FRESH_MAP_BYTES)
+        return float("inf") if per_byte <= 0 else (ms / per_byte - self.offset) / self.scale
+
     def temp_bytes(self, a: Assignment) -> int:
         """The compiled temp bytes ``a`` is predicted to need."""
         return int(self._temp(a.peak))
@@ -130,7 +140,8 @@ def region_model(costs: RegionCosts, none: PlanCandidate | None = None) -> Regio
 
 
 def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: RegionCosts,
-                waiting: Pending, second_opinion: bool = False) -> tuple[PlanCandidate, list[PlanCandidate]]:
+                launch: Callable[[], Pending],
+                second_opinion: bool = False) -> tuple[PlanCandidate, list[PlanCandidate]]:
     """The un-checkpointed step, and the candidates weighed: every option on all regions
     (predicted, compiled only if chosen), the predicted runner-up, and the finalists, compiled.
 
@@ -139,8 +150,8 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
     predicted peak is at most ``budget`` times the un-checkpointed step's (with
     ``second_opinion``, :func:`_other` too: the fastest without the pick's main policy).
     Neither needs a compile, so the pick (hedged over the scale not known yet,
-    :func:`_hedged`) compiles in the background, beside the un-checkpointed step (the
-    budget's yardstick). Once a pick fits, a faster assignment that the compiled points
+    :func:`_hedged`) compiles in the background, and the un-checkpointed step (the
+    budget's yardstick) beside it. Once a pick fits, a faster assignment that the compiled points
     show room for compiles too (:func:`_climbed`). If no pick fits, the next two
     assignments down the model's front (the fastest below the least predicted peak that
     missed, and the fastest leaner than that) compile, at most ``ROUNDS`` rounds in all;
@@ -156,8 +167,9 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
       survey: the step's regions (no scan over layers, no ``checkpoint_sequential``).
       budget: the memory budget, a fraction of the un-checkpointed step's temp bytes.
       costs: :func:`remat.planner._costs.region_costs` for ``NONE`` and the policies.
-      waiting: the un-checkpointed step's compile, started (the budget's yardstick, which
-        compiles while the regions are costed and the pick is solved and lowered).
+      launch: lowers the un-checkpointed step (the budget's yardstick) and starts its
+        compile; called once the picks are lowered and compiling, so that the compiles run
+        side by side. It returns the function that waits for the compile.
       second_opinion: compile and time :func:`_other` beside the pick.
 
     Returns:
@@ -176,7 +188,7 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
     fastest = picks[:1] if budget > 0 else []  # what a pick of the scaled model may supersede
     picks = picks or _lean_pair(guess)
     pending = _confirm(search, guess, picks) if picks else None
-    none = waiting()[0]
+    none = launch()()[0]  # compiled beside the picks
     limit = int(budget * none.compiled_temp_bytes())
     search.calibrate(none, limit)
     model = region_model(costs, none)
@@ -335,21 +347,31 @@ def _fastest(model: RegionModel, bound: float,
 
     :func:`remat.planner._assign.fastest_within` weighs the regions' times alone; a temp
     buffer over glibc's mmap threshold also costs its page faults at every step, in
-    proportion to its size, so the leaner assignments down the model's front (each the
-    fastest leaner than the last) are weighed too, while one could still be faster: until
-    the regions' times alone reach the best total, or the temp buffer is small enough to be
-    reused (no faults).
+    proportion to its size. So the fastest assignment that pays no faults is weighed, and
+    the leaner assignments down the model's front that pay faults and could still be
+    faster: the regions' times only grow down the front, so the walk skips the peaks whose
+    faults alone would make up the difference to the best total found so far.
     """
     options = model.options if options is None else options
-    best, found = None, fastest_within(options, model.working, bound)
-    while found is not None:
-        a = model.assignment(found.choice)
-        if best is None or a.ms < best.ms:
-            best = a
-        if model.fault_ms(a.peak) == 0 or found.ms >= best.ms:  # none leaner can be faster
+    found = fastest_within(options, model.working, bound)
+    if found is None or model.fault_ms(found.peak) == 0:
+        return None if found is None else model.assignment(found.choice)
+    # the fastest that pays no faults, at once: the walk below stops short of it
+    clean = fastest_within(options, model.working, min(bound, model.fault_free_peak() * (1 - 1e-9)))
+    ends = [model.assignment(clean.choice)] if clean is not None else []
+    walked = [model.assignment(found.choice)]
+    best = min([*walked, *ends], key=lambda a: a.ms)
+    # further down, an assignment's regions are no faster than ``found``'s, so one whose
+    # buffer's faults alone make up the difference to the best cannot win: the walk jumps
+    # below the peak of that buffer (below the threshold, ``clean`` is the fastest)
+    while model.fault_ms(found.peak) > 0:
+        below = min(found.peak, model.peak_faulting(best.ms - found.ms)) * (1 - 1e-9)
+        found = fastest_within(options, model.working, below)
+        if found is None or model.fault_ms(found.peak) == 0:
             break
-        found = fastest_within(options, model.working, found.peak * (1 - 1e-9))
-    return best
+        walked.append(model.assignment(found.choice))
+        best = min(best, walked[-1], key=lambda a: a.ms)
+    return min([*walked, *ends], key=lambda a: a.ms)  # a tie: the first found, the most peak allowed
 
 
 def _picks(model: RegionModel, bound: float, budget: float, with_leaner: bool,

@@ -10,6 +10,7 @@ from typing import Any
 
 import jax
 
+from remat import _jax as xb
 from remat.analysis.budget import fault_ms, rates
 from remat.analysis.compiled import compiled_step
 from remat.analysis.timing import time_programs
@@ -36,6 +37,9 @@ def program_fingerprint(compiled: Any) -> str:
     Two candidates with the same fingerprint run the same program; only the Python lines
     that traced them (kept in the HLO's metadata) differ.
     """
+    printed = xb.optimized_hlo_without_metadata(compiled)
+    if printed is not None:
+        return hashlib.sha256(printed.encode()).hexdigest()[:16]
     kept, skipping = [], False
     for line in compiled.as_text().splitlines():
         if line in _HLO_METADATA_SECTIONS:

@@ -21,14 +21,15 @@ AS_WRITTEN = "as written"  # a region keeps the options the user's code gave it
 
 
 @contextlib.contextmanager
-def _region_policies(policies: Sequence[Any]) -> Iterator[list[int]]:
-    """Makes the i-th checkpointed region traced in this context use ``policies[i]``."""
+def _region_policies(policies: Sequence[Any], beyond: Any = AS_WRITTEN) -> Iterator[list[int]]:
+    """Makes the i-th checkpointed region traced in this context use ``policies[i]`` (past
+    their end, ``beyond``)."""
     seen = [0]
 
     def override(opts: CheckpointOptions) -> CheckpointOptions | None:
         i = seen[0]
         seen[0] += 1
-        spec = policies[i] if i < len(policies) else AS_WRITTEN
+        spec = policies[i] if i < len(policies) else beyond
         if spec == AS_WRITTEN:
             return opts
         if is_no_checkpoint(spec):
@@ -129,14 +130,18 @@ class _Survey:
     scan_depths: list[int]  # the depth of every scan over layers
     sequential_lengths: list[int]  # the number of functions of every checkpoint_sequential
     names: list[str]  # the checkpoint_name tags
+    jaxpr: Any = None  # the step, every region checkpointed with policy "nothing"
 
 
 def _survey(step_fn: Callable[..., Any], *args: Any) -> _Survey:
-    with _region_policies(()) as seen, _scan_choice(None) as depths, _sequential_choice(None) as lengths:
+    # every region "nothing": the trace counts the regions, and shows each one's body for
+    # the planner's region costs (remat.planner._costs), whatever policy it was written with
+    with _region_policies((), "nothing") as seen, _scan_choice(None) as depths, \
+            _sequential_choice(None) as lengths:
         # a fresh function each time: JAX caches traces per function, and a cached trace
         # would not run the Python code whose regions are being counted
         jaxpr = jax.make_jaxpr(lambda *a: step_fn(*a))(*args)
-    return _Survey(seen[0], depths, lengths, names_in_jaxpr(jaxpr))
+    return _Survey(seen[0], depths, lengths, names_in_jaxpr(jaxpr), jaxpr)
 
 
 def _sequential_segment_counts(lengths: Sequence[int]) -> list[int]:
