@@ -140,8 +140,7 @@ def region_model(costs: RegionCosts, none: PlanCandidate | None = None) -> Regio
 
 
 def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: RegionCosts,
-                launch: Callable[[], Pending],
-                second_opinion: bool = False) -> tuple[PlanCandidate, list[PlanCandidate]]:
+                waiting: Pending, second_opinion: bool = False) -> tuple[PlanCandidate, list[PlanCandidate]]:
     """The un-checkpointed step, and the candidates weighed: every option on all regions
     (predicted, compiled only if chosen), the predicted runner-up, and the finalists, compiled.
 
@@ -150,8 +149,8 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
     predicted peak is at most ``budget`` times the un-checkpointed step's (with
     ``second_opinion``, :func:`_other` too: the fastest without the pick's main policy).
     Neither needs a compile, so the pick (hedged over the scale not known yet,
-    :func:`_hedged`) compiles in the background, and the un-checkpointed step (the
-    budget's yardstick) beside it. Once a pick fits, a faster assignment that the compiled points
+    :func:`_hedged`) compiles in the background, beside the un-checkpointed step (the
+    budget's yardstick). Once a pick fits, a faster assignment that the compiled points
     show room for compiles too (:func:`_climbed`). If no pick fits, the next two
     assignments down the model's front (the fastest below the least predicted peak that
     missed, and the fastest leaner than that) compile, at most ``ROUNDS`` rounds in all;
@@ -167,9 +166,8 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
       survey: the step's regions (no scan over layers, no ``checkpoint_sequential``).
       budget: the memory budget, a fraction of the un-checkpointed step's temp bytes.
       costs: :func:`remat.planner._costs.region_costs` for ``NONE`` and the policies.
-      launch: lowers the un-checkpointed step (the budget's yardstick) and starts its
-        compile; called once the picks are lowered and compiling, so that the compiles run
-        side by side. It returns the function that waits for the compile.
+      waiting: the un-checkpointed step's compile, started (the budget's yardstick, which
+        compiles while the regions are costed and the pick is solved and lowered).
       second_opinion: compile and time :func:`_other` beside the pick.
 
     Returns:
@@ -188,7 +186,7 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
     fastest = picks[:1] if budget > 0 else []  # what a pick of the scaled model may supersede
     picks = picks or _lean_pair(guess)
     pending = _confirm(search, guess, picks) if picks else None
-    none = launch()()[0]  # compiled beside the picks
+    none = waiting()[0]
     limit = int(budget * none.compiled_temp_bytes())
     search.calibrate(none, limit)
     model = region_model(costs, none)

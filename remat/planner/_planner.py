@@ -91,8 +91,9 @@ def plan(
     calibrate_once()  # predicted_ms at this machine's FLOP and byte rates, not defaults
     fast = not exhaustive and n > 0 and not survey.scan_depths and not survey.sequential_lengths
     options = [*policies, *([tuple(survey.names)] if survey.names else [])]
-    # the regions' bodies compile in the background (a fraction of the step each, to see
-    # what XLA's fusion leaves of their work) while the regions are costed
+    # the regions' bodies compile in the background (a fraction of the step each) while
+    # the un-checkpointed step (the budget's yardstick) lowers; it compiles while the
+    # regions are costed and the first pick is made
     costing = start_region_costs(step_fn, args, n, [NONE, *options], survey.jaxpr) if fast else None
     fast = costing is not None
     search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache,
@@ -100,10 +101,9 @@ def plan(
     unchecked = no_checkpoint_spec(survey)
     if fast:  # its residual bytes come with the regions' costs, not from a trace of its own
         search.cache.setdefault(unchecked.label, PlanCandidate(unchecked.label, unchecked.policies))
+    waiting = search.start([unchecked])
     if costing is not None:
-        # lowered and compiled once the first pick is compiling: the two compile side by side
-        none, pool = fast_search(search, survey, budget, costing(), lambda: search.start([unchecked]),
-                                 second_opinion)
+        none, pool = fast_search(search, survey, budget, costing(), waiting, second_opinion)
         # what earlier plans of this step compiled into cache= is weighed too, at no cost
         # (a sweep down the budgets then never forgets a plan that still fits)
         seen = {c.label for c in pool} | {none.label}
@@ -111,7 +111,7 @@ def plan(
                    and c.scan is None and c.sequential is None and len(c.policies) == n]
         pool = [none, *pool, *earlier]
     else:
-        none = search.start([unchecked])()[0]
+        none = waiting()[0]
         search.calibrate(none, int(budget * none.compiled_temp_bytes()))
         pool = [none, *search.evaluate_many(family_specs(survey, policies, budget_fractions))]
         if not survey.scan_depths:
