@@ -234,5 +234,5 @@ def optimized_hlo_without_metadata(compiled: Any) -> str | None:
         options = _hlo.HloPrintOptions()
         options.print_metadata = False
         return "\n".join(m.to_string(options) for m in compiled.runtime_executable().hlo_modules())
-    except (ImportError, AttributeError, TypeError):
+    except Exception:  # another jaxlib's printer or executable: the caller edits as_text() instead
         return None
