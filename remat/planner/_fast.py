@@ -358,18 +358,16 @@ def _fastest(model: RegionModel, bound: float,
     clean = fastest_within(options, model.working, min(bound, model.fault_free_peak() * (1 - 1e-9)))
     ends = [model.assignment(clean.choice)] if clean is not None else []
     walked = [model.assignment(found.choice)]
-    best = min([*walked, *ends], key=lambda a: a.ms)
-    # further down, an assignment's regions are no faster than ``found``'s, so one whose
-    # buffer's faults alone make up the difference to the best cannot win: the walk jumps
-    # below the peak of that buffer (below the threshold, ``clean`` is the fastest)
-    while model.fault_ms(found.peak) > 0:
+    while True:
+        best = min([*walked, *ends], key=lambda a: a.ms)  # a tie: the first found, the most peak allowed
+        # further down, an assignment's regions are no faster than ``found``'s, so one whose
+        # buffer's faults alone make up the difference to the best cannot win: the walk jumps
+        # below the peak of that buffer (below the threshold, ``clean`` is the fastest)
         below = min(found.peak, model.peak_faulting(best.ms - found.ms)) * (1 - 1e-9)
         found = fastest_within(options, model.working, below)
         if found is None or model.fault_ms(found.peak) == 0:
-            break
+            return best
         walked.append(model.assignment(found.choice))
-        best = min(best, walked[-1], key=lambda a: a.ms)
-    return min([*walked, *ends], key=lambda a: a.ms)  # a tie: the first found, the most peak allowed
 
 
 def _picks(model: RegionModel, bound: float, budget: float, with_leaner: bool,

@@ -130,7 +130,7 @@ class _Survey:
     scan_depths: list[int]  # the depth of every scan over layers
     sequential_lengths: list[int]  # the number of functions of every checkpoint_sequential
     names: list[str]  # the checkpoint_name tags
-    jaxpr: Any = None  # the step, every region checkpointed with policy "nothing"
+    jaxpr: Any  # the step, every region checkpointed with policy "nothing"
 
 
 def _survey(step_fn: Callable[..., Any], *args: Any) -> _Survey:
