@@ -132,8 +132,10 @@ def fault_s_per_byte(size: int = 48 * 2**20, repeat: int = 3) -> float:
 def keep_freed_memory() -> bool:
     """Makes glibc's ``malloc`` keep freed memory for reuse instead of unmapping it.
 
-    The first steps still fault their buffers in while the heap grows to its working size
-    (measured: two to six steps); after that a step's temp buffer reuses freed heap.
+    A step still faults its temp buffer in when the heap has to grow: small blocks
+    allocated between steps can split the freed buffer's chunk, until the heap holds enough
+    room for both. That happens in a few steps, mostly the first ones; the others reuse
+    freed heap.
 
     Returns:
       True when the settings took effect; False where the C library is not glibc
