@@ -330,3 +330,18 @@ def test_optimality_rows_hold_the_plan_beside_the_exhaustive_oracle():
     lean = rows[0]
     assert lean["budget"] == 0 and lean["plan_temp_bytes"] <= 1.01 * lean["oracle_min_temp_bytes"]
     assert optimality.markdown(rows).count("\n") == 2 + len(rows)
+
+
+def test_recompute_prices_beside_measured_steps():
+    from benchmarks.recompute import rows, table
+
+    argv = ["mlp", "--depth", "3", "--width", "64", "--batch-size", "32", "--repeat", "1"]
+    found = {r["option"]: r for r in rows(argv)}
+    assert {"no_checkpoint", "nothing", "dots_no_batch", "dots", "names:mlp_hidden"} == set(found)
+    assert found["no_checkpoint"]["measured_ms"] == 0.0 and found["no_checkpoint"]["predicted_ms"] == 0.0
+    # relu's backward reads its output, so "nothing" recomputes the block's matmul; "dots"
+    # keeps it, and recomputes only the relu
+    assert found["nothing"]["predicted_ms"] > found["dots"]["predicted_ms"] > 0.0
+    assert found["nothing"]["kept_bytes"] < found["dots"]["kept_bytes"]
+    assert all(r["step_ms"] > 0 for r in found.values())
+    assert table(list(found.values())).count("\n") == len(found) + 1

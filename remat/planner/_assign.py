@@ -112,6 +112,49 @@ def fastest_within(options: Sequence[Sequence[RegionOption]], working: Sequence[
     return Assignment(choice, high, ms)
 
 
+def front_within(options: Sequence[Sequence[RegionOption]], working: Sequence[float],
+                 limit: float) -> list[Assignment]:
+    """Every assignment whose :func:`peak` is at most ``limit`` and that no other one beats
+    on both peak and time (the model's front), leanest first: exact.
+
+    The dynamic program of :func:`fastest_within`, with the peak so far as a third
+    dimension of a state (a state that keeps no less, is no faster and peaked no lower
+    than another is dropped), so that one pass gives the fastest assignment at every
+    peak: what a cost that is not a sum over regions (the page faults of a temp buffer
+    over glibc's mmap threshold, say) is weighed on.
+
+    Example:
+      >>> opts = [RegionOption(0, 3.0), RegionOption(4, 1.0)]
+      >>> [(a.choice, a.peak, a.ms) for a in front_within([opts] * 2, [4] * 2, 8)]
+      [((0, 1), 4.0, 4.0), ((1, 1), 8.0, 2.0)]
+    """
+    states: list[_State] = [(0.0, 0.0, 0.0, ())]
+    for choices, w in zip(options, working):
+        grown = [(cum + o.kept, ms + o.ms, max(high, cum + w), choice + (j,))
+                 for cum, ms, high, choice in states if cum + w <= limit
+                 for j, o in enumerate(choices)]
+        states = _undominated(grown)
+        if not states:
+            return []
+    final = _undominated([(max(high, cum), ms, max(high, cum), choice)
+                          for cum, ms, high, choice in states if cum <= limit])
+    return [Assignment(choice, top, ms) for top, ms, _, choice in final]
+
+
+_State = tuple[float, float, float, tuple[int, ...]]  # kept so far, time so far, peak so far, choice
+
+
+def _undominated(states: list[_State]) -> list[_State]:
+    """The states ``(kept, ms, high, choice)`` that no other one matches or beats in all of
+    ``kept``, ``ms`` and ``high``; in order of ``kept`` (then ``ms``)."""
+    states.sort(key=lambda s: (s[0], s[1], s[2]))
+    kept: list[_State] = []
+    for s in states:
+        if not any(k[1] <= s[1] and k[2] <= s[2] for k in kept):
+            kept.append(s)
+    return kept
+
+
 def ranked_within(options: Sequence[Sequence[RegionOption]], working: Sequence[float],
                   limit: float) -> Iterator[Assignment]:
     """Every assignment whose :func:`peak` is at most ``limit``, fastest first: exact.

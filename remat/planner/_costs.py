@@ -1,6 +1,7 @@
-"""Each region's recompute time and kept bytes under each option, from one trace of the step's forward pass."""
+"""Each region's recompute time and kept bytes under each option, from traces of its forward and backward pass."""
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -28,17 +29,18 @@ class RegionCosts(NamedTuple):
 def region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options: Sequence[Any]) -> RegionCosts | None:
     """Each region's predicted recompute time and kept bytes under each option.
 
-    One trace of the step with every region checkpointed shows each region's forward
-    operations. Under a policy, a region recomputes every operation whose output the
-    policy does not save (its backward reads nearly every intermediate). Each operation's
-    work is what :func:`remat.analysis.budget.op_work` counts (a matmul's or convolution's
-    FLOPs, and bytes read and written as if nothing fused), scaled by what XLA's fusion
-    leaves of the whole forward: one compile of each distinct body's forward, without
-    LLVM's code generation, gives XLA's own FLOPs and bytes accessed for it. The work is
-    priced at this machine's rates. Not checkpointed, a region recomputes nothing. The
-    kept bytes are exact: the residuals of ``jax.vjp`` of the region's body under each
-    option (:func:`_kept_bytes`), traced once per distinct body (a stack of identical
-    blocks traces one).
+    One trace of the step with every region checkpointed shows each region's body. Under
+    each option, one trace of the body's forward and backward pass (``jax.vjp`` and its
+    backward function) shows what JAX's partial evaluation recomputes: the work beyond the
+    un-checkpointed body's forward and backward (:func:`_vjp_work`). A matmul, a
+    convolution or a reduction costs its FLOPs and the bytes it reads and writes
+    (:func:`remat.analysis.budget.op_work`); another operation fuses into the backward
+    pass's fusion that reads it, and costs one FLOP an output element (none if it only
+    moves data). The FLOPs are scaled by XLA's count over this one for the whole forward
+    (one compile of each distinct body's forward, without LLVM's code generation), and
+    the work is priced at this machine's rates. Not checkpointed, a region recomputes
+    nothing. The kept bytes are exact: the residuals of the same ``jax.vjp``. Each
+    distinct body is traced once per option (a stack of identical blocks traces one).
 
     Args:
       step_fn: the step.
@@ -81,51 +83,76 @@ Key = tuple[str, tuple[bool, ...]]  # a region body, printed, and which of its i
 
 
 def _priced(keys: list[Key], distinct: dict[Key, Any], fusing: dict[Key, Any], options: list[Any]) -> RegionCosts:
-    """The costs of the regions ``keys`` (in order), one trace of each distinct body per
-    option, its work scaled by what XLA's compile of its forward (``fusing``) counted."""
+    """The costs of the regions ``keys`` (in order), one trace of each distinct body's
+    forward and backward pass per option, its work scaled by what XLA's compile of its
+    forward (``fusing``) counted."""
     policies = [None if is_no_checkpoint(o) else resolve_policy(o) for o in options]
     rate = rates()
     rows: dict[Key, tuple[list[float], list[int]]] = {}
     for key, body in distinct.items():
-        ops = list(_leaf_eqns(body.jaxpr))
-        work = {e: _work(e) for e in ops}
-        work_row, kept_row = [], []
-        for option, policy in zip(options, policies):
-            unchecked = is_no_checkpoint(option)
-            saved = {v for e in ops for v in e.outvars} if unchecked else _saved_vars(ops, policy)
-            work_row.append(_total(w for e, w in work.items() if not all(v in saved for v in e.outvars)))
-            kept_row.append(_kept_bytes(body, key[1], policy, checkpointed=not unchecked))
-        fused, unfused = fusing[key].result(), _total(work.values())
-        # XLA's count over the cost model's, for the whole forward: recomputing part of
-        # it is taken to fuse as well (1 where either count is missing)
-        scale = [x / u if x and u else 1.0 for x, u in zip(fused, unfused)] if fused else [1.0, 1.0]
-        rows[key] = ([1e3 * (f * scale[0] / rate["flops_per_s"] + b * scale[1] / rate["bytes_per_s"])
+        traced = [_vjp_work(body, key[1], policy, checkpointed=not is_no_checkpoint(option))
+                  for option, policy in zip(options, policies)]
+        # what a region recomputes is what its forward and backward pass do beyond the
+        # un-checkpointed ones: JAX's partial evaluation, not a guess, decides which of
+        # its operations run again (the backward reads only some of them)
+        unchecked = next((t for t, o in zip(traced, options) if is_no_checkpoint(o)), None)
+        base = unchecked[1] if unchecked is not None else _vjp_work(body, key[1], None, checkpointed=False)[1]
+        work_row = [(max(f - base[0], 0.0), max(b - base[1], 0.0)) for _, (f, b) in traced]
+        kept_row = [kept for kept, _ in traced]
+        fused, unfused = fusing[key].result(), _total(_work(e) for e in _leaf_eqns(body.jaxpr))
+        # XLA's FLOPs over the cost model's, for the whole forward (1 where either count is missing)
+        scale = fused[0] / unfused[0] if fused and fused[0] and unfused[0] else 1.0
+        rows[key] = ([1e3 * (f * scale / rate["flops_per_s"] + b / rate["bytes_per_s"])
                       for f, b in work_row], kept_row)
     return RegionCosts([list(rows[k][0]) for k in keys], [list(rows[k][1]) for k in keys], list(options))
 
 
-def _kept_bytes(body: Any, computed: tuple[bool, ...], policy: Any, checkpointed: bool) -> int:
-    """Bytes a region keeps for its backward pass: the residuals of ``jax.vjp`` of its
-    body, less the inputs that are the step's arguments (parameters and data are held anyway).
+def _vjp_work(body: Any, computed: tuple[bool, ...], policy: Any,
+              checkpointed: bool) -> tuple[int, tuple[float, float]]:
+    """The bytes a region keeps for its backward pass, and the work of its forward and
+    backward passes, from one trace of ``jax.vjp`` of its body and of the backward pass.
+
+    The kept bytes are the residuals of ``jax.vjp``, less the inputs that are the step's
+    arguments (parameters and data are held anyway).
 
     Args:
       body: the region's body, a closed jaxpr.
       computed: per input of ``body``, whether the step computed it (an activation).
       policy: the JAX policy it is checkpointed with (None: save nothing).
       checkpointed: False: the body is not checkpointed (``policy`` is ignored).
+
+    Returns:
+      ``(kept bytes, (FLOPs, bytes moved))``, the work unfused (:func:`_work`).
     """
     fn = xb.jaxpr_function(body)
     if checkpointed:  # as remat's regions are built, whatever jax_remat3 says
         fn = classic_checkpoint(fn, policy=policy)
+
+    def forward_and_backward(*xs):
+        out, backward = jax.vjp(fn, *xs)
+        # the outputs stand for their cotangents (same shapes): nothing is added to the trace
+        cotangents = jax.tree_util.tree_map(_cotangent, out)
+        return jax.tree_util.tree_leaves(backward), backward(cotangents)
+
     avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in body.jaxpr.invars]
-    traced, shapes = jax.make_jaxpr(lambda *xs: jax.vjp(fn, *xs), return_shape=True)(*avals)
+    traced, shapes = jax.make_jaxpr(forward_and_backward, return_shape=True)(*avals)
     jaxpr = traced.jaxpr
-    count = jax.tree_util.tree_structure(shapes[1]).num_leaves
-    residuals = {v for v in jaxpr.outvars[len(jaxpr.outvars) - count:] if not xb.is_literal(v)}
+    count = len(shapes[0])
+    residuals = {v for v in jaxpr.outvars[:count] if not xb.is_literal(v)}
     position = {v: i for i, v in enumerate(jaxpr.invars)}
     constants = set(jaxpr.constvars)
-    return sum(aval_nbytes(v.aval) for v in residuals
+    kept = sum(aval_nbytes(v.aval) for v in residuals
                if (computed[position[v]] if v in position else v not in constants))
+    return kept, _total(_work(e) for e in _leaf_eqns(jaxpr))
+
+
+def _cotangent(out: Any) -> Any:
+    """The cotangent of one output: itself where it is floating, else a ``float0`` zero."""
+    import numpy as np
+
+    if jax.numpy.issubdtype(out.dtype, jax.numpy.inexact):
+        return out
+    return np.zeros(out.shape, dtype=jax.dtypes.float0)
 
 
 def _region_bodies(jaxpr: Any) -> Iterator[tuple[tuple[bool, ...], Any]]:
@@ -154,27 +181,30 @@ def _leaf_eqns(jaxpr: Any) -> Iterator[Any]:
             yield from _leaf_eqns(getattr(sub, "jaxpr", sub))
 
 
-def _saved_vars(ops: list[Any], policy: Any) -> set[Any]:
-    """The values ``policy`` saves: the outputs of the operations it marks saveable; a
-    ``checkpoint_name`` it saves also saves the value it names."""
-    saved: set[Any] = set()
-    if policy is None:
-        return saved
-    name_p = xb.name_primitive()
-    for eqn in ops:
-        try:
-            decision = policy(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params)
-        except Exception:  # a policy that cannot judge this operation saves nothing by it
-            continue
-        if decision and "Recompute" not in type(decision).__name__:
-            saved.update(eqn.outvars)
-            if eqn.primitive is name_p:
-                saved.update(v for v in eqn.invars if not xb.is_literal(v))
-    return saved
+#: Operations whose output XLA writes to memory: a matmul or a convolution (a library
+#: call on CPU) and a reduction. Element-wise operations, broadcasts, reshapes and the
+#: like fuse into the operations that read them, so recomputed in the backward pass they
+#: move no bytes of their own: they are computed where the backward reads them.
+_MATERIALIZED = frozenset({"dot_general", "conv_general_dilated", "reduce_sum", "reduce_max", "reduce_min",
+                           "reduce_prod", "reduce_and", "reduce_or", "argmax", "argmin", "cumsum", "cumprod",
+                           "cummax", "cummin", "cumlogsumexp", "sort", "scatter", "scatter-add", "scatter_add"})
+
+
+#: Operations that only move or relabel data: fused, they compute nothing.
+_MOVES = frozenset({"reshape", "broadcast_in_dim", "squeeze", "expand_dims", "transpose", "slice", "dynamic_slice",
+                    "concatenate", "pad", "copy", "copy_p", "convert_element_type", "name", "reduce_precision",
+                    "optimization_barrier", "iota", "split", "stop_gradient", "rev", "gather", "dynamic_update_slice"})
 
 
 def _work(eqn: Any) -> tuple[float, float]:
-    """``(FLOPs, bytes moved)`` of one operation, unfused (:func:`remat.analysis.budget.op_work`)."""
+    """``(FLOPs, bytes moved)`` of one operation (:func:`remat.analysis.budget.op_work`),
+    the bytes only where its output is materialized (:data:`_MATERIALIZED`); another
+    operation that computes costs one FLOP an output element, as XLA counts it."""
+    name = eqn.primitive.name
+    if name in _MOVES:
+        return 0.0, 0.0
+    if name not in _MATERIALIZED:
+        return float(sum(math.prod(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))), 0.0
     out_bytes = sum(aval_nbytes(v.aval) for v in eqn.outvars)
     return op_work(eqn.primitive.name, [v.aval for v in eqn.invars], eqn.params, out_bytes)
 

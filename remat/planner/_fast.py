@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from remat.analysis.allocator import FRESH_MAP_BYTES
 from remat.analysis.budget import fault_ms
-from remat.planner._assign import Assignment, RegionOption, describe, fastest_within, peak, ranked_within
+from remat.planner._assign import Assignment, RegionOption, describe, front_within, peak, ranked_within
 from remat.planner._candidate import CandidateSpec, PlanCandidate
 from remat.planner._costs import RegionCosts
 from remat.planner._families import no_checkpoint_spec
@@ -80,16 +81,6 @@ class RegionModel:
         (:func:`remat.analysis.budget.fault_ms`), charged from :data:`TEMP_ERROR` below the
         mmap threshold: a buffer predicted just under it may compile just over."""
         return fault_ms(self._temp(top), (1 - TEMP_ERROR) * FRESH_MAP_BYTES)
-
-    def fault_free_peak(self) -> float:
-        """The predicted peak from which :meth:`fault_ms` charges page faults."""
-        return ((1 - TEMP_ERROR) * FRESH_MAP_BYTES - self.offset) / self.scale
-
-    def peak_faulting(self, ms: float) -> float:
-        """The predicted peak whose temp buffer's page faults cost ``ms`` (:meth:`fault_ms`
-        is that or more above it); infinite where faults cost nothing."""
-        per_byte = fault_ms(2 * FRESH_MAP_BYTES) / (2 * FRESH_MAP_BYTES)
-        return float("inf") if per_byte <= 0 else (ms / per_byte - self.offset) / self.scale
 
     def temp_bytes(self, a: Assignment) -> int:
         """The compiled temp bytes ``a`` is predicted to need."""
@@ -345,29 +336,22 @@ def _fastest(model: RegionModel, bound: float,
 
     :func:`remat.planner._assign.fastest_within` weighs the regions' times alone; a temp
     buffer over glibc's mmap threshold also costs its page faults at every step, in
-    proportion to its size. So the fastest assignment that pays no faults is weighed, and
-    the leaner assignments down the model's front that pay faults and could still be
-    faster: the regions' times only grow down the front, so the walk skips the peaks whose
-    faults alone would make up the difference to the best total found so far.
+    proportion to its size, which is not a sum over regions. So every assignment of the
+    model's front within ``bound`` (the fastest at each peak,
+    :func:`remat.planner._assign.front_within`) is weighed with its faults. The front is
+    computed once for each set of options and bound (the hedge weighs it at five scales).
     """
     options = model.options if options is None else options
-    found = fastest_within(options, model.working, bound)
-    if found is None or model.fault_ms(found.peak) == 0:
-        return None if found is None else model.assignment(found.choice)
-    # the fastest that pays no faults, at once: the walk below stops short of it
-    clean = fastest_within(options, model.working, min(bound, model.fault_free_peak() * (1 - 1e-9)))
-    ends = [model.assignment(clean.choice)] if clean is not None else []
-    walked = [model.assignment(found.choice)]
-    while True:
-        best = min([*walked, *ends], key=lambda a: a.ms)  # a tie: the first found, the most peak allowed
-        # further down, an assignment's regions are no faster than ``found``'s, so one whose
-        # buffer's faults alone make up the difference to the best cannot win: the walk jumps
-        # below the peak of that buffer (below the threshold, ``clean`` is the fastest)
-        below = min(found.peak, model.peak_faulting(best.ms - found.ms)) * (1 - 1e-9)
-        found = fastest_within(options, model.working, below)
-        if found is None or model.fault_ms(found.peak) == 0:
-            return best
-        walked.append(model.assignment(found.choice))
+    front = _front(tuple(map(tuple, options)), tuple(model.working), bound)
+    if not front:
+        return None
+    # a tie: the most peak allowed (the fastest of the regions' times alone)
+    return min((model.assignment(a.choice) for a in reversed(front)), key=lambda a: a.ms)
+
+
+@functools.lru_cache(maxsize=16)
+def _front(options: tuple[tuple[RegionOption, ...], ...], working: tuple[float, ...], bound: float) -> list[Assignment]:
+    return front_within(options, working, bound)
 
 
 def _picks(model: RegionModel, bound: float, budget: float, with_leaner: bool,
