@@ -31,7 +31,7 @@ def rows(argv: list[str]) -> list[dict]:
     from remat.cli._common import build_task
     from remat.models.tasks import pure_step_loss
     from remat.planner import apply_policies, lower_step, time_side_by_side
-    from remat.planner._costs import region_costs
+    from remat.planner._costs import start_region_costs
     from remat.planner.programs import _spec_label
     from remat.planner.steering import NONE, _survey
 
@@ -44,9 +44,10 @@ def rows(argv: list[str]) -> list[dict]:
     calibrate_once()
     names = [(name,) for name in survey.names] + ([tuple(survey.names)] if len(survey.names) > 1 else [])
     options = [NONE, "nothing", "dots_no_batch", "dots", *names]
-    costs = region_costs(loss, step_args, n, options)
-    if costs is None:
+    costing = start_region_costs(loss, step_args, n, options, survey.jaxpr)  # the survey's trace, reused
+    if costing is None:
         raise SystemExit("the step's regions are not plain checkpointed blocks (a scan over layers, say)")
+    costs = costing()
     compiled = [lower_step(apply_policies(loss, (o,) * n), step_args).compile() for o in options]
     times = time_side_by_side(compiled, step_args, args.repeat)
     # the middle region: the first takes the step's argument, which it does not keep

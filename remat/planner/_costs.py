@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 
 from remat import _jax as xb
 from remat._core.lowering import classic_checkpoint
@@ -148,8 +149,6 @@ def _vjp_work(body: Any, computed: tuple[bool, ...], policy: Any,
 
 def _cotangent(out: Any) -> Any:
     """The cotangent of one output: itself where it is floating, else a ``float0`` zero."""
-    import numpy as np
-
     if jax.numpy.issubdtype(out.dtype, jax.numpy.inexact):
         return out
     return np.zeros(out.shape, dtype=jax.dtypes.float0)
@@ -187,7 +186,7 @@ def _leaf_eqns(jaxpr: Any) -> Iterator[Any]:
 #: move no bytes of their own: they are computed where the backward reads them.
 _MATERIALIZED = frozenset({"dot_general", "conv_general_dilated", "reduce_sum", "reduce_max", "reduce_min",
                            "reduce_prod", "reduce_and", "reduce_or", "argmax", "argmin", "cumsum", "cumprod",
-                           "cummax", "cummin", "cumlogsumexp", "sort", "scatter", "scatter-add", "scatter_add"})
+                           "cummax", "cummin", "cumlogsumexp", "sort", "scatter", "scatter-add"})
 
 
 #: Operations that only move or relabel data: fused, they compute nothing.
@@ -206,7 +205,7 @@ def _work(eqn: Any) -> tuple[float, float]:
     if name not in _MATERIALIZED:
         return float(sum(math.prod(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))), 0.0
     out_bytes = sum(aval_nbytes(v.aval) for v in eqn.outvars)
-    return op_work(eqn.primitive.name, [v.aval for v in eqn.invars], eqn.params, out_bytes)
+    return op_work(name, [v.aval for v in eqn.invars], eqn.params, out_bytes)
 
 
 def _total(work: Iterable[tuple[float, float]]) -> tuple[float, float]:
