@@ -57,6 +57,22 @@ def test_ranked_within_lists_every_fitting_assignment_once_fastest_first(seed):
     assert all(a.ms == fitting[a.choice] for a in ranked)
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_the_fronts_states_are_exactly_those_no_other_matches_or_beats(seed):
+    from remat.planner._assign import _undominated
+
+    # small integers: many ties in each coordinate, and duplicates
+    rng = random.Random(seed)
+    states = [(rng.randint(0, 6), rng.randint(0, 6), rng.randint(0, 6), (i,)) for i in range(rng.randint(0, 60))]
+    kept = _undominated(list(states))
+    ordered = sorted(states, key=lambda s: s[:3])
+
+    def beaten(i):  # an earlier state in that order matches or beats it everywhere
+        return any(all(a <= b for a, b in zip(t[:3], ordered[i][:3])) for t in ordered[:i])
+
+    assert kept == [s for i, s in enumerate(ordered) if not beaten(i)]
+
+
 def test_peak_counts_the_last_regions_kept_values_only_beyond_its_working_set():
     assert peak([1, 1, 1], [4, 4, 4]) == 6  # regions 0 and 1 kept while region 2 runs
     assert peak([0, 0, 4], [4, 4, 4]) == 4  # the last one kept costs nothing more
@@ -340,3 +356,46 @@ def test_a_fitting_pick_climbs_where_the_temp_bytes_follow_a_line_with_an_offset
     assert _fast._climbed(line, limit, finalists) is None
     # temp bytes proportional to the peak: no line to fit, the bound stays where it was
     assert model.fitted([(16.0, 10.0)]) is model
+
+
+def test_an_assignment_the_line_puts_just_over_the_limit_compiles_too(monkeypatch):
+    from remat.analysis import budget
+    from remat.planner import _fast
+    from remat.planner._candidate import PlanCandidate
+
+    monkeypatch.setitem(budget._RATES, "fault_s_per_byte", 0.0)
+    # four regions, kept (4 bytes, 1 ms) or recomputed (1 byte, 2 ms); XLA's temp bytes are
+    # flat (4) at the bottom, as the MLP's are: un-checkpointed 16 bytes of peak compile
+    # to 10, three regions recomputed (a peak of 7) to 4, so the line through the two puts
+    # two recomputed (a peak of 10) at 6, over a limit of 5.6 but within TEMP_ERROR of it
+    opts = (RegionOption(4.0, 1.0), RegionOption(1.0, 2.0))
+    model = _fast.RegionModel((NONE, "nothing"), (opts,) * 4, (4.0,) * 4, 10 / 16)
+    pick = model.assignment((1, 1, 1, 0))
+    assert pick.peak == 7.0
+    spec = model.spec(pick)
+    finalists = {spec.label: PlanCandidate(spec.label, spec.policies, temp_bytes=4)}
+    line = model.fitted([(16.0, 10.0), (7.0, 4.0)])
+    nearer = model.assignment((1, 1, 0, 0))
+    assert line.temp_bytes(nearer) == 6 and 5.6 < 6 <= (1 + _fast.TEMP_ERROR) * 5.6
+    assert _fast._climbed(line, 5.6, finalists).choice == (1, 1, 0, 0)
+    # beyond the band it does not: one region recomputed (13 bytes of peak, 8 on the line)
+    finalists[model.spec(nearer).label] = PlanCandidate(model.spec(nearer).label, (), temp_bytes=7)
+    assert _fast._climbed(line, 5.6, finalists) is None
+
+
+def test_the_fastest_without_an_option_never_takes_it(monkeypatch):
+    from remat.analysis import budget
+    from remat.planner import _fast
+
+    monkeypatch.setitem(budget._RATES, "fault_s_per_byte", 0.0)
+    # the second opinion makes the pick's main option infinitely slow: no assignment it
+    # gives may take that option, however lean (here every fitting one would)
+    opts = (RegionOption(4.0, 1.0), RegionOption(1.0, 2.0), RegionOption(2.0, 1.5))
+    model = _fast.RegionModel((NONE, "nothing", "dots"), (opts,) * 3, (4.0,) * 3, 1.0)
+    best = _fast._fastest(model, 6.0)
+    assert best.choice == (1, 1, 0)
+    assert _fast._other(model, 6.0, best) is None
+    # with room for two regions at "dots", the pick takes it, and the other does not
+    best = _fast._fastest(model, 8.0)
+    assert best.choice == (2, 2, 0) and best.ms == 4.0
+    assert _fast._other(model, 8.0, best).choice == (1, 1, 0)

@@ -1,6 +1,7 @@
 """The exact per-region assignment: the fastest choice for every region whose predicted peak fits a limit."""
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections.abc import Iterator, Sequence
@@ -149,9 +150,22 @@ def _undominated(states: list[_State]) -> list[_State]:
     ``kept``, ``ms`` and ``high``; in order of ``kept`` (then ``ms``)."""
     states.sort(key=lambda s: (s[0], s[1], s[2]))
     kept: list[_State] = []
+    # the staircase of the states kept so far: by time, ascending, the least peak of those
+    # no slower (strictly falling), so that "one kept state is no slower and peaked no
+    # higher" is one bisection, not a scan of them all
+    stair_ms: list[float] = []
+    stair_high: list[float] = []
     for s in states:
-        if not any(k[1] <= s[1] and k[2] <= s[2] for k in kept):
-            kept.append(s)
+        i = bisect.bisect_right(stair_ms, s[1])
+        if i and stair_high[i - 1] <= s[2]:
+            continue
+        kept.append(s)
+        j = i
+        while j < len(stair_ms) and stair_high[j] >= s[2]:
+            j += 1
+        start = i - 1 if i and stair_ms[i - 1] == s[1] else i  # the same time, peaked higher
+        stair_ms[start:j] = [s[1]]
+        stair_high[start:j] = [s[2]]
     return kept
 
 

@@ -303,22 +303,26 @@ def _scaled_pick(search: CandidateSearch, model: RegionModel, bound: float, pick
 
 def _climbed(fitted: RegionModel, limit: float, finalists: dict[str, PlanCandidate]) -> Assignment | None:
     """The fastest assignment that the model ``fitted`` to every compiled point predicts
-    within ``limit``, where none of ``finalists`` fits or it is predicted :data:`REPICK`
-    faster than those that fit, and it has not compiled yet.
+    within ``limit``, or else within :data:`TEMP_ERROR` above it, and not compiled yet (not
+    one of ``finalists``), where none of ``finalists`` fits or it is predicted
+    :data:`REPICK` faster than those that fit.
 
     The model's bound is a fraction of the un-checkpointed step's predicted peak, that is,
     temp bytes proportional to the predicted peak. Where XLA's temp bytes follow a line
     with an offset (the MLP's are the predicted peak less a constant), that bound shuts out
-    assignments that fit; the line through the un-checkpointed step and the picks admits them.
+    assignments that fit; the line through the un-checkpointed step and the picks admits
+    them. Near the leanest, XLA's temp bytes stop falling (what is live outside the
+    regions sets them: the MLP's are flat below a third of its predicted peak), which no
+    line through the compiled points shows: so an assignment the line puts just over the
+    limit compiles too, and it is the compile that says whether it fits.
     """
-    found = _fastest(fitted, (limit - fitted.offset) / fitted.scale)
-    if found is None or fitted.spec(found).label in finalists:
-        return None
     choices = [_choice(fitted, c) for c in finalists.values() if c.fits_in(limit)]
     fitting = [fitted.assignment(choice).ms for choice in choices if choice is not None]
-    if fitting and found.ms >= (1 - REPICK) * min(fitting):
-        return None
-    return found
+    for allowed in (limit, (1 + TEMP_ERROR) * limit):  # what the line says fits first
+        found = _fastest(fitted, (allowed - fitted.offset) / fitted.scale, skip=frozenset(finalists))
+        if found is not None and (not fitting or found.ms < (1 - REPICK) * min(fitting)):
+            return found
+    return None
 
 
 def _choice(model: RegionModel, c: PlanCandidate) -> tuple[int, ...] | None:
@@ -330,8 +334,8 @@ def _choice(model: RegionModel, c: PlanCandidate) -> tuple[int, ...] | None:
         return None
 
 
-def _fastest(model: RegionModel, bound: float,
-             options: Sequence[Sequence[RegionOption]] | None = None) -> Assignment | None:
+def _fastest(model: RegionModel, bound: float, options: Sequence[Sequence[RegionOption]] | None = None,
+             skip: frozenset[str] = frozenset()) -> Assignment | None:
     """The predicted-fastest assignment within ``bound``, page faults counted.
 
     :func:`remat.planner._assign.fastest_within` weighs the regions' times alone; a temp
@@ -340,13 +344,17 @@ def _fastest(model: RegionModel, bound: float,
     model's front within ``bound`` (the fastest at each peak,
     :func:`remat.planner._assign.front_within`) is weighed with its faults. The front is
     computed once for each set of options and bound (the hedge weighs it at five scales).
+    Assignments whose candidates' labels are in ``skip`` (compiled already) are passed over.
     """
     options = model.options if options is None else options
     front = _front(tuple(map(tuple, options)), tuple(model.working), bound)
     if not front:
         return None
-    # a tie: the most peak allowed (the fastest of the regions' times alone)
-    return min((model.assignment(a.choice) for a in reversed(front)), key=lambda a: a.ms)
+    # a tie: the most peak allowed (the fastest of the regions' times alone); an option
+    # made infinitely slow (:func:`_other`) rules out every assignment that takes it
+    return min((model.assignment(a.choice) for a in reversed(front)
+                if a.ms < float("inf") and not (skip and model.spec(a).label in skip)),
+               key=lambda a: a.ms, default=None)
 
 
 @functools.lru_cache(maxsize=16)

@@ -90,7 +90,10 @@ def plan(
                          "checkpoint its blocks first")
     calibrate_once()  # predicted_ms at this machine's FLOP and byte rates, not defaults
     fast = not exhaustive and n > 0 and not survey.scan_depths and not survey.sequential_lengths
-    options = [*policies, *([tuple(survey.names)] if survey.names else [])]
+    # the step's checkpoint names: all of them, and each alone where there are several
+    names = [tuple(survey.names), *((name,) for name in survey.names)] if len(survey.names) > 1 else \
+        [tuple(survey.names)] if survey.names else []
+    options = [*policies, *names]
     # the regions' bodies compile in the background (a fraction of the step each) while
     # the un-checkpointed step (the budget's yardstick) lowers; it compiles while the
     # regions are costed and the first pick is made
