@@ -43,11 +43,14 @@ def test_the_plan_says_why_and_what_each_region_keeps():
     up = p.runner_up
     assert up is not None and up.label != p.chosen.label
     why = p.why()
+    # no faster: an equal time summed in another order of the regions may differ in its last bit
     if up.compiled is not None:
-        assert up.fits and up.program != p.chosen.program and up.predicted_ms >= p.chosen.predicted_ms
+        assert up.fits and up.program != p.chosen.program
+        assert up.predicted_ms >= p.chosen.predicted_ms or up.predicted_ms == pytest.approx(p.chosen.predicted_ms)
         assert why[0].startswith(f"runner-up: {up.label}")
     else:  # the default search's model's runner-up, predicted to fit and no faster
-        assert up.estimated_temp_bytes <= p.limit_bytes and up.estimated_ms >= p.chosen.estimated_ms
+        assert up.estimated_temp_bytes <= p.limit_bytes
+        assert up.estimated_ms >= p.chosen.estimated_ms or up.estimated_ms == pytest.approx(p.chosen.estimated_ms)
         assert why[0].startswith(f"runner-up (predicted, not compiled): {up.label}")
     over = p.faster_over_limit
     if over is not None:
