@@ -3,7 +3,7 @@
 ``python -m benchmarks.recompute MODEL [remat plan's model flags and --repeat]`` (for
 example ``transformer --depth 8 --width 128 --batch-size 8 --seq-len 128``) compiles the
 step with every region un-checkpointed, and with each option of the default search
-(``nothing``, ``dots_no_batch``, ``dots``, each checkpoint name alone and all of them) on
+(``nothing``, ``dots_no_batch``, ``dots`` and the checkpoint names, all and each alone) on
 every region, times them side by side in interleaved rounds, and prints a Markdown table:
 each option's kept bytes a region, temp bytes, step time, the recompute a region measured
 (its step time over the un-checkpointed one's, over the regions) and the time model's
@@ -32,6 +32,7 @@ def rows(argv: list[str]) -> list[dict]:
     from remat.models.tasks import pure_step_loss
     from remat.planner import apply_policies, lower_step, time_side_by_side
     from remat.planner._costs import start_region_costs
+    from remat.planner._families import name_groups
     from remat.planner.programs import _spec_label
     from remat.planner.steering import NONE, _survey
 
@@ -42,8 +43,7 @@ def rows(argv: list[str]) -> list[dict]:
     survey = _survey(loss, *step_args)
     n = survey.regions
     calibrate_once()
-    names = [(name,) for name in survey.names] + ([tuple(survey.names)] if len(survey.names) > 1 else [])
-    options = [NONE, "nothing", "dots_no_batch", "dots", *names]
+    options = [NONE, "nothing", "dots_no_batch", "dots", *name_groups(survey.names)]
     costing = start_region_costs(loss, step_args, n, options, survey.jaxpr)  # the survey's trace, reused
     if costing is None:
         raise SystemExit("the step's regions are not plain checkpointed blocks (a scan over layers, say)")

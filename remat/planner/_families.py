@@ -53,15 +53,23 @@ def family_specs(survey: _Survey, policies: Sequence[PolicySpec],
     return specs
 
 
-def _name_specs(survey: _Survey) -> list[CandidateSpec]:
-    """The values the model's author tagged with checkpoint_name: all of them, and each
-    alone while there are few (a tag marks a value worth keeping, e.g. an attention output
-    that is costly to recompute and small to keep)."""
-    names = survey.names
+def name_groups(names: Sequence[str]) -> list[tuple[str, ...]]:
+    """The checkpoint-name policies weighed for the values a step tags: all of them, and
+    each alone while there are few (a tag marks a value worth keeping, e.g. an attention
+    output that is costly to recompute and small to keep).
+
+    Example:
+      >>> name_groups(["attn_out", "mlp_hidden"])
+      [('attn_out', 'mlp_hidden'), ('attn_out',), ('mlp_hidden',)]
+    """
     if not names:
         return []
-    groups = [tuple(names)] + ([(m,) for m in names] if 1 < len(names) <= 4 else [])
-    return [CandidateSpec(f"all: {policy_name(g)}", (g,) * survey.regions) for g in groups]
+    return [tuple(names)] + ([(m,) for m in names] if 1 < len(names) <= 4 else [])
+
+
+def _name_specs(survey: _Survey) -> list[CandidateSpec]:
+    """Every region keeping the values the model's author tagged (:func:`name_groups`)."""
+    return [CandidateSpec(f"all: {policy_name(g)}", (g,) * survey.regions) for g in name_groups(survey.names)]
 
 
 def _scan_specs(survey: _Survey, policies: Sequence[PolicySpec]) -> list[CandidateSpec]:

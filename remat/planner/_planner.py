@@ -9,7 +9,7 @@ from typing import Any
 from remat.analysis.budget import calibrate_once
 from remat.planner._candidate import PlanCandidate
 from remat.planner._costs import start_region_costs
-from remat.planner._families import family_specs, no_checkpoint_spec
+from remat.planner._families import family_specs, name_groups, no_checkpoint_spec
 from remat.planner._fast import fast_search
 from remat.planner._mixed import mixed_spec, mixed_specs, uniform_costs
 from remat.planner._plan import Plan
@@ -90,10 +90,7 @@ def plan(
                          "checkpoint its blocks first")
     calibrate_once()  # predicted_ms at this machine's FLOP and byte rates, not defaults
     fast = not exhaustive and n > 0 and not survey.scan_depths and not survey.sequential_lengths
-    # the step's checkpoint names: all of them, and each alone where there are several
-    names = [tuple(survey.names), *((name,) for name in survey.names)] if len(survey.names) > 1 else \
-        [tuple(survey.names)] if survey.names else []
-    options = [*policies, *names]
+    options = [*policies, *name_groups(survey.names)]
     # the regions' bodies compile in the background (a fraction of the step each) while
     # the un-checkpointed step (the budget's yardstick) lowers; it compiles while the
     # regions are costed and the first pick is made
