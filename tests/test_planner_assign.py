@@ -358,6 +358,35 @@ def test_a_fitting_pick_climbs_where_the_temp_bytes_follow_a_line_with_an_offset
     assert model.fitted([(16.0, 10.0)]) is model
 
 
+def test_a_climb_that_keeps_more_needs_less_predicted_gain(monkeypatch):
+    from remat.analysis import budget
+    from remat.planner import _fast
+    from remat.planner._candidate import PlanCandidate
+
+    monkeypatch.setitem(budget._RATES, "fault_s_per_byte", 0.0)
+
+    def climbed(recompute_ms: float, slower_fitting: bool = False):
+        # as above: four regions, kept (4 bytes, 1 ms) or recomputed (1 byte); the pick
+        # recomputes two, and the line puts one recomputed (13 bytes of peak) at 7 <= 7.5
+        opts = (RegionOption(4.0, 1.0), RegionOption(1.0, recompute_ms), RegionOption(4.0, 5.0))
+        model = _fast.RegionModel((NONE, "nothing", "dots"), (opts,) * 4, (4.0,) * 4, 10 / 16)
+        fitting = [model.assignment((1, 1, 0, 0))]
+        if slower_fitting:  # a slower one that fits and keeps as much as every region kept
+            fitting.append(model.assignment((2, 2, 2, 2)))
+        finalists = {model.spec(a).label: PlanCandidate(model.spec(a).label, model.spec(a).policies, temp_bytes=4)
+                     for a in fitting}
+        return _fast._climbed(model.fitted([(16.0, 10.0), (10.0, 4.0)]), 7.5, finalists)
+
+    # 4.06 ms against the pick's 4.12: 1.5% faster, keeping more: over CLIMB, under REPICK
+    assert _fast.CLIMB < 0.06 / 4.12 < _fast.REPICK
+    assert climbed(1.06).choice == (1, 0, 0, 0)
+    # 0.5% faster: not worth a compile
+    assert climbed(1.02) is None
+    # 1.5% faster but keeping less than a fitting finalist: it needs REPICK
+    assert climbed(1.06, slower_fitting=True) is None
+    assert climbed(1.12, slower_fitting=True).choice == (1, 0, 0, 0)
+
+
 def test_an_assignment_the_line_puts_just_over_the_limit_compiles_too(monkeypatch):
     from remat.analysis import budget
     from remat.planner import _fast

@@ -248,6 +248,12 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
 #: How much faster (predicted) the pick of the model scaled to the compiled un-checkpointed
 #: step must be than the first picks for it to compile too.
 REPICK = 0.02
+#: How much faster (predicted) than what fits an assignment that keeps more must be for the
+#: climb (:func:`_climbed`) to compile it: less than :data:`REPICK`, because the time model
+#: under-prices what keeping more saves (keeping the transformer's attention output saved
+#: 0.98 ms a region measured against 0.20 priced, docs/planner.md, step 1), and the climb
+#: uses room the pick left unused.
+CLIMB = 0.01
 
 
 #: The compiled temp bytes per byte of predicted peak the first pick is hedged for
@@ -305,7 +311,8 @@ def _climbed(fitted: RegionModel, limit: float, finalists: dict[str, PlanCandida
     """The fastest assignment that the model ``fitted`` to every compiled point predicts
     within ``limit``, or else within :data:`TEMP_ERROR` above it, and not compiled yet (not
     one of ``finalists``), where none of ``finalists`` fits or it is predicted
-    :data:`REPICK` faster than those that fit.
+    :data:`REPICK` faster than those that fit (:data:`CLIMB` where it keeps more than
+    each of them).
 
     The model's bound is a fraction of the un-checkpointed step's predicted peak, that is,
     temp bytes proportional to the predicted peak. Where XLA's temp bytes follow a line
@@ -317,10 +324,15 @@ def _climbed(fitted: RegionModel, limit: float, finalists: dict[str, PlanCandida
     limit compiles too, and it is the compile that says whether it fits.
     """
     choices = [_choice(fitted, c) for c in finalists.values() if c.fits_in(limit)]
-    fitting = [fitted.assignment(choice).ms for choice in choices if choice is not None]
+    fitting = [fitted.assignment(choice) for choice in choices if choice is not None]
     for allowed in (limit, (1 + TEMP_ERROR) * limit):  # what the line says fits first
         found = _fastest(fitted, (allowed - fitted.offset) / fitted.scale, skip=frozenset(finalists))
-        if found is not None and (not fitting or found.ms < (1 - REPICK) * min(fitting)):
+        if found is None:
+            continue
+        if not fitting:
+            return found
+        keeps_more = found.peak > max(a.peak for a in fitting)
+        if found.ms < (1 - (CLIMB if keeps_more else REPICK)) * min(a.ms for a in fitting):
             return found
     return None
 
