@@ -250,9 +250,8 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
 REPICK = 0.02
 #: How much faster (predicted) than what fits an assignment that keeps more must be for the
 #: climb (:func:`_climbed`) to compile it: less than :data:`REPICK`, because the time model
-#: under-prices what keeping more saves (keeping the transformer's attention output saved
-#: 0.98 ms a region measured against 0.20 priced, docs/planner.md, step 1), and the climb
-#: uses room the pick left unused.
+#: under-prices what keeping more saves (the attention output's, docs/planner.md, step 1's
+#: table), and the climb uses room the pick left unused.
 CLIMB = 0.01
 
 
@@ -325,14 +324,12 @@ def _climbed(fitted: RegionModel, limit: float, finalists: dict[str, PlanCandida
     """
     choices = [_choice(fitted, c) for c in finalists.values() if c.fits_in(limit)]
     fitting = [fitted.assignment(choice) for choice in choices if choice is not None]
+    quickest = min((a.ms for a in fitting), default=float("inf"))
+    most_kept = max((a.peak for a in fitting), default=float("-inf"))
+    compiled = frozenset(finalists)
     for allowed in (limit, (1 + TEMP_ERROR) * limit):  # what the line says fits first
-        found = _fastest(fitted, (allowed - fitted.offset) / fitted.scale, skip=frozenset(finalists))
-        if found is None:
-            continue
-        if not fitting:
-            return found
-        keeps_more = found.peak > max(a.peak for a in fitting)
-        if found.ms < (1 - (CLIMB if keeps_more else REPICK)) * min(a.ms for a in fitting):
+        found = _fastest(fitted, (allowed - fitted.offset) / fitted.scale, skip=compiled)
+        if found is not None and found.ms < (1 - (CLIMB if found.peak > most_kept else REPICK)) * quickest:
             return found
     return None
 
