@@ -141,17 +141,27 @@ def remat_settings(policy: str | None = None, residual_budget: float | None = No
 def init_model(cls: Any, config: Any, seed: int) -> Any:
     """``cls(config, rngs=nnx.Rngs(seed))``, initialised in one compiled program.
 
-    Under ``nnx.jit`` (one compilation instead of one per parameter shape) and with JAX's
+    Under ``jax.jit`` (one compilation instead of one per parameter shape) and with JAX's
     non-partitionable threefry: on XLA:CPU (jax 0.10) the partitionable one takes 10-20 s
     to compile a normal draw of one 4-D conv-kernel shape, the other about 1 s. Both only
-    change which random initial weights are drawn.
+    change which random initial weights are drawn. ``jax.jit`` of the state, not
+    ``nnx.jit``: an ``nnx.jit`` wrapper is a reference cycle, so its compiled program
+    would be freed by whichever later garbage collection finds it (a tenth of a second
+    and more, inside whatever the caller times next) instead of on return.
     """
     import jax
     from flax import nnx
 
+    structure = {}
+
+    def initial_state() -> Any:
+        structure["graphdef"], state = nnx.split(cls(config, rngs=nnx.Rngs(seed)))
+        return state
+
     scope = getattr(jax, "threefry_partitionable", None)
     with scope(False) if scope is not None else contextlib.nullcontext():
-        return nnx.jit(lambda: cls(config, rngs=nnx.Rngs(seed)))()
+        state = jax.jit(initial_state)()
+    return nnx.merge(structure["graphdef"], state)
 
 
 def _config_fields(config: Any) -> dict[str, Any]:
