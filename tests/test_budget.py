@@ -165,3 +165,36 @@ def test_every_policy_accepts_every_residual_dtype(fn, policy):
     for p in chosen:
         got = jax.grad(loss(lambda x, p=p: remat.checkpoint(fn, x, policy=p)))(x)
         np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=str(p))
+
+
+def test_calibrate_times_the_programs_it_is_given(monkeypatch):
+    """Programs compiled beforehand (as plan() compiles them in the background while it
+    traces) are the ones timed, and the rates follow from their median times."""
+    from remat.analysis import budget, timing
+
+    timed = []
+
+    class Medians:
+        def medians_s(self):
+            return [0.002, 0.0005]
+
+    def time_programs(programs, rounds, **kwargs):
+        timed.append(list(programs))
+        return Medians()
+
+    monkeypatch.setattr(timing, "time_programs", time_programs)
+    monkeypatch.setattr(budget, "fault_s_per_byte", lambda: 1e-10)
+    programs = budget.calibration_programs(64)
+    np.testing.assert_array_equal(programs[0](), np.full((64, 64), 64.0, np.float32))  # ones @ ones
+    np.testing.assert_array_equal(programs[1](), np.full((4 * 64 * 64,), 2.5, np.float32))
+    before, was_calibrated = budget.rates(), budget.calibrated()
+    try:
+        rates = budget.calibrate(size=64, programs=programs)
+        assert budget.calibrated() and budget.calibrate_once() == rates
+    finally:  # the process's measured rates stay as they were for the other tests
+        budget._RATES.update(before)
+        budget._calibrated = was_calibrated
+    assert timed and all(t == programs for t in timed)
+    assert rates["flops_per_s"] == 2 * 64**3 / 0.002
+    assert rates["bytes_per_s"] == 2 * (4 * 64 * 64 * 4) / 0.0005  # read and written, float32
+    assert rates["fault_s_per_byte"] == (1e-10 if jax.default_backend() == "cpu" else 0.0)

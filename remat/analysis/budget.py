@@ -37,6 +37,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from remat._core.hooks import RegionChooser
 from remat._core.residuals import aval_nbytes, format_bytes, itemsize, saved_residuals
 from remat.analysis.allocator import FRESH_MAP_BYTES, fault_s_per_byte
@@ -49,6 +51,7 @@ _calibrated = False
 
 
 __all__ = ["KeepChosen", "KeepableOp", "ResidualBudget", "ResidualBudgetChoice", "calibrate", "calibrate_once",
+           "calibrated", "calibration_programs",
            "knapsack", "op_cost", "op_work", "rates", "residual_budget"]
 
 
@@ -266,22 +269,40 @@ def knapsack(weights: Sequence[int], values: Sequence[float], capacity: int, *,
     return sorted(picked), "greedy"
 
 
-def calibrate(size: int = 512, repeat: int = 5) -> dict[str, float]:
-    """Measures this machine's matmul FLOP rate, memory-bound byte rate and what a temp
-    buffer mapped afresh costs per byte (:func:`remat.analysis.allocator.fault_s_per_byte`)
-    for the cost model."""
+def calibration_programs(size: int = 512) -> list[Callable[[], Any]]:
+    """The programs :func:`calibrate` times, compiled: a ``size`` x ``size`` matmul and an
+    element-wise pass over ``4 * size**2`` floats (compiling them is not timed, so it may
+    run beside other work, e.g. in a background thread while the caller traces)."""
     import functools
 
     import jax
-    import jax.numpy as jnp
+
+    a = jax.device_put(np.ones((size, size), np.float32))
+    v = jax.device_put(np.ones((4 * size * size,), np.float32))
+    mm = jax.jit(lambda a: a @ a).lower(a).compile()
+    ew = jax.jit(lambda v: v * 1.5 + 1.0).lower(v).compile()
+    return [functools.partial(mm, a), functools.partial(ew, v)]
+
+
+def calibrate(size: int = 512, repeat: int = 5,
+              programs: Sequence[Callable[[], Any]] | None = None) -> dict[str, float]:
+    """Measures this machine's matmul FLOP rate, memory-bound byte rate and what a temp
+    buffer mapped afresh costs per byte (:func:`remat.analysis.allocator.fault_s_per_byte`)
+    for the cost model.
+
+    Args:
+      size: the matmul's side (:func:`calibration_programs`).
+      repeat: timed samples of each program; the rates are their medians.
+      programs: :func:`calibration_programs` of ``size``, compiled already (default: here).
+
+    Returns:
+      The rates now in use (:func:`rates`).
+    """
+    import jax
 
     from remat.analysis.timing import time_programs
 
-    a = jnp.ones((size, size), jnp.float32)
-    v = jnp.ones((4 * size * size,), jnp.float32)
-    mm = jax.jit(lambda a: a @ a)
-    ew = jax.jit(lambda v: v * 1.5 + 1.0)
-    programs = [functools.partial(mm, a), functools.partial(ew, v)]
+    programs = calibration_programs(size) if programs is None else programs
     # a sample averages 10 ms of calls (the fastest single call of a sub-millisecond program
     # varied 2x between runs); the rates are the medians of `repeat` samples each, after
     # two untimed rounds of samples: the first samples of a process run at up to half speed
@@ -290,7 +311,7 @@ def calibrate(size: int = 512, repeat: int = 5) -> dict[str, float]:
 
     global _calibrated
     _RATES["flops_per_s"] = 2 * size**3 / mm_s
-    _RATES["bytes_per_s"] = 2 * v.nbytes / ew_s
+    _RATES["bytes_per_s"] = 2 * (4 * size * size * 4) / ew_s  # read and written, float32
     # XLA:CPU mallocs its temp buffer at every step; accelerators keep theirs in a pool
     _RATES["fault_s_per_byte"] = fault_s_per_byte() if jax.default_backend() == "cpu" else 0.0
     _calibrated = True
@@ -312,9 +333,20 @@ def fault_ms(temp_bytes: float, threshold: float = FRESH_MAP_BYTES) -> float:
     return 1e3 * _RATES["fault_s_per_byte"] * temp_bytes
 
 
-def calibrate_once() -> dict[str, float]:
-    """:func:`calibrate` on first use in this process (about a second); the rates after."""
-    return calibrate() if not _calibrated else dict(_RATES)
+def calibrated() -> bool:
+    """Whether this process has run :func:`calibrate` (the rates are measured, not defaults)."""
+    return _calibrated
+
+
+def calibrate_once(programs: Callable[[], Sequence[Callable[[], Any]]] | None = None) -> dict[str, float]:
+    """:func:`calibrate` on first use in this process (about a second); the rates after.
+
+    ``programs``: returns :func:`calibration_programs` (e.g. a background compile's
+    ``Future.result``), called only if this process has not calibrated yet.
+    """
+    if _calibrated:
+        return dict(_RATES)
+    return calibrate(programs=None if programs is None else programs())
 
 
 def op_cost(primitive: str, avals: Sequence[Any], params: dict, out_bytes: int) -> float:

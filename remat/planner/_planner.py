@@ -6,14 +6,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from remat.analysis.budget import calibrate_once
+from remat.analysis.budget import calibrate_once, calibrated, calibration_programs
 from remat.planner._candidate import PlanCandidate
 from remat.planner._costs import start_region_costs
 from remat.planner._families import family_specs, name_groups, no_checkpoint_spec
 from remat.planner._fast import fast_search
 from remat.planner._mixed import mixed_spec, mixed_specs, uniform_costs
 from remat.planner._plan import Plan
-from remat.planner._search import CandidateSearch
+from remat.planner._search import _BACKGROUND, CandidateSearch
 from remat.planner.programs import time_side_by_side
 from remat.planner.steering import NONE, _survey
 from remat.policies import PolicySpec
@@ -83,12 +83,15 @@ def plan(
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget <= 1:
         raise ValueError("plan(memory_budget=...) must be a fraction in [0, 1] (0: the leanest plan), "
                          f"got {budget!r}")
+    # the cost model's timing programs compile in the background while the step is traced
+    # (only their timing, below, needs the machine to itself)
+    programs = None if calibrated() else _BACKGROUND.submit(calibration_programs).result
     survey = _survey(step_fn, *args)
     n = survey.regions
     if n == 0 and not survey.scan_depths:
         raise ValueError("plan() found no remat.checkpoint region or remat.scan_layers in step_fn: "
                          "checkpoint its blocks first")
-    calibrate_once()  # predicted_ms at this machine's FLOP and byte rates, not defaults
+    calibrate_once(programs)  # predicted_ms at this machine's FLOP and byte rates, not defaults
     fast = not exhaustive and n > 0 and not survey.scan_depths and not survey.sequential_lengths
     options = [*policies, *name_groups(survey.names)]
     # the regions' bodies compile in the background (a fraction of the step each) while
