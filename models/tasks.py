@@ -146,8 +146,8 @@ def init_model(cls: Any, config: Any, seed: int) -> Any:
     to compile a normal draw of one 4-D conv-kernel shape, the other about 1 s. Both only
     change which random initial weights are drawn. ``jax.jit`` of the state, not
     ``nnx.jit``: an ``nnx.jit`` wrapper is a reference cycle, so its compiled program
-    would be freed by whichever later garbage collection finds it (a tenth of a second
-    and more, inside whatever the caller times next) instead of on return.
+    would be freed by whichever later full garbage collection finds it, inside whatever
+    the caller times next (a plan, say: docs/planner.md), instead of on return.
     """
     import jax
     from flax import nnx
