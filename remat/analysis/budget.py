@@ -269,6 +269,11 @@ def knapsack(weights: Sequence[int], values: Sequence[float], capacity: int, *,
     return sorted(picked), "greedy"
 
 
+def _elementwise_length(size: int) -> int:
+    """The element-wise calibration program's length: four matmul operands' worth of floats."""
+    return 4 * size * size
+
+
 def calibration_programs(size: int = 512) -> list[Callable[[], Any]]:
     """The programs :func:`calibrate` times, compiled: a ``size`` x ``size`` matmul and an
     element-wise pass over ``4 * size**2`` floats (compiling them is not timed, so it may
@@ -278,7 +283,7 @@ def calibration_programs(size: int = 512) -> list[Callable[[], Any]]:
     import jax
 
     a = jax.device_put(np.ones((size, size), np.float32))
-    v = jax.device_put(np.ones((4 * size * size,), np.float32))
+    v = jax.device_put(np.ones((_elementwise_length(size),), np.float32))
     mm = jax.jit(lambda a: a @ a).lower(a).compile()
     ew = jax.jit(lambda v: v * 1.5 + 1.0).lower(v).compile()
     return [functools.partial(mm, a), functools.partial(ew, v)]
@@ -311,7 +316,7 @@ def calibrate(size: int = 512, repeat: int = 5,
 
     global _calibrated
     _RATES["flops_per_s"] = 2 * size**3 / mm_s
-    _RATES["bytes_per_s"] = 2 * (4 * size * size * 4) / ew_s  # read and written, float32
+    _RATES["bytes_per_s"] = 2 * _elementwise_length(size) * np.float32().nbytes / ew_s  # read and written
     # XLA:CPU mallocs its temp buffer at every step; accelerators keep theirs in a pool
     _RATES["fault_s_per_byte"] = fault_s_per_byte() if jax.default_backend() == "cpu" else 0.0
     _calibrated = True
