@@ -41,8 +41,11 @@ BUDGETS = (0.0, 0.25, 0.5, 0.75)
 
 
 def _task(model: str, depth: int):
+    from benchmarks.foreign_steps import STEPS
     from remat.models.tasks import make_task, pure_step_loss
 
+    if model in STEPS:  # written outside remat.models, at their own fixed depth of four blocks
+        return STEPS[model](seed=0)
     return pure_step_loss(make_task(model, depth=depth, seed=0, **SIZES[model]))
 
 
@@ -181,10 +184,12 @@ def markdown(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.optimality", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="depth 4 only")
-    parser.add_argument("--models", default="mlp,transformer,cnn")
+    parser.add_argument("--models", default="mlp,transformer,cnn,mixed,unequal",
+                        help="registry models and the steps of benchmarks.foreign_steps")
     parser.add_argument("--out", default="bench-out")
     parser.add_argument("--repeat", type=int, default=7, help="interleaved timing rounds (medians)")
     args = parser.parse_args(argv)
+    from benchmarks.foreign_steps import STEPS
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -192,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for model in args.models.split(","):
         # the CNN pools 2x per block: its 8x8 images allow at most 3 blocks
-        for depth in ((3,) if model == "cnn" else (4,) if args.quick else (4, 5)):
+        for depth in ((3,) if model == "cnn" else (4,) if args.quick or model in STEPS else (4, 5)):
             rows += run_one(model, depth, args.repeat, log)
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "optimality.json"), "w") as f:
