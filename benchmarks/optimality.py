@@ -2,7 +2,8 @@
 
 ``python -m benchmarks.optimality [--quick] [--out DIR]`` builds the MLP, the transformer
 and the CNN of ``models/`` at depth 4 (``--quick``) or 4 and 5 (the CNN at 3, the most
-its 8x8 images allow), compiles every per-region
+its 8x8 images allow), and the two four-block steps of :mod:`benchmarks.foreign_steps`
+(written outside ``models/``, planned at that module's ``BUDGETS``), compiles every per-region
 assignment over ``{no_checkpoint, nothing, dots_no_batch, dots}`` (4**depth programs) and
 the whole step checkpointed around each uniform assignment, keeps the compiled temp bytes
 of each, then plans the step at budgets 0, 0.25, 0.5 and 0.75. The plans' programs and
@@ -81,7 +82,7 @@ def _compile_oracle(loss, step_args, n: int, log) -> list[dict]:
     return rows
 
 
-def run_one(model: str, depth: int, repeat: int, log) -> list[dict]:
+def run_one(model: str, depth: int, repeat: int, log, budgets: tuple[float, ...] = BUDGETS) -> list[dict]:
     """The rows of one model and depth: the plan at every budget beside the oracle."""
     from remat.analysis import time_programs
     from remat.planner import count_regions, plan
@@ -96,14 +97,14 @@ def run_one(model: str, depth: int, repeat: int, log) -> list[dict]:
     least = min(r["temp_bytes"] for r in oracle)
     cache: dict = {}
     plans = {}
-    for budget in BUDGETS:
+    for budget in budgets:
         t0 = time.perf_counter()
         plans[budget] = (plan(loss, *step_args, memory_budget=budget, repeat=repeat, cache=cache),
                          time.perf_counter() - t0)
         log(f"{model} {depth}: budget {budget}: {plans[budget][0].chosen.label if plans[budget][0].chosen else '-'}")
     # one interleaved timing run: every oracle program that fits the largest budget or is
     # among the leanest, and every plan's program (one program is timed once)
-    top = max(BUDGETS) * none_temp
+    top = max(budgets) * none_temp
     timed = {r["program"]: r["compiled"] for r in oracle if r["temp_bytes"] <= top or r["temp_bytes"] <= 1.01 * least}
     for p, _ in plans.values():
         if p.chosen is not None:
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench-out")
     parser.add_argument("--repeat", type=int, default=7, help="interleaved timing rounds (medians)")
     args = parser.parse_args(argv)
+    from benchmarks.foreign_steps import BUDGETS as FOREIGN_BUDGETS
     from benchmarks.foreign_steps import STEPS
 
     def log(msg: str) -> None:
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     for model in args.models.split(","):
         # the CNN pools 2x per block: its 8x8 images allow at most 3 blocks
         for depth in ((3,) if model == "cnn" else (4,) if args.quick or model in STEPS else (4, 5)):
-            rows += run_one(model, depth, args.repeat, log)
+            rows += run_one(model, depth, args.repeat, log, FOREIGN_BUDGETS if model in STEPS else BUDGETS)
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "optimality.json"), "w") as f:
                 json.dump(rows, f, indent=1)
