@@ -164,3 +164,18 @@ def replicated_tree(tree: Any, mesh: Any) -> Any:
     import jax
 
     return jax.tree.map(lambda _: replicated(mesh), tree)
+
+
+def shard_step_args(step_args: tuple, mesh: Any) -> tuple:
+    """``(params, inputs, targets)`` of :func:`remat.models.tasks.pure_step_loss` placed on ``mesh``.
+
+    The parameters by :func:`fsdp_shardings`, the batch by :func:`batch_sharding`: the
+    arguments of the step ``remat train --mesh`` runs, so that :func:`remat.plan` compiles
+    it as sharded and reports its bytes per device.
+    """
+    import jax
+
+    params, inputs, targets = step_args
+    batch = batch_sharding(mesh)
+    return (jax.device_put(params, fsdp_shardings(params, mesh)), jax.device_put(inputs, batch),
+            jax.device_put(targets, batch))
