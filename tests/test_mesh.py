@@ -6,6 +6,8 @@ JAX starts. The 20-step loss comparisons (one process and two) are in ``test_tra
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -72,7 +74,7 @@ def test_a_mesh_larger_than_the_started_backend_is_one_line(capsys):
     assert rc == 2 and err.count("\n") == 1 and f"--mesh data={have + 1},fsdp=1" in err, err
 
 
-def _leaf(tree: object, *names: str) -> object:
+def _leaf(tree: Any, *names: str) -> Any:
     """The array at the path whose keys include ``names`` (an NNX state, an optax moment)."""
     import jax
 
@@ -127,7 +129,7 @@ def test_a_sharded_step_keeps_parameters_and_adam_moments_sharded_over_fsdp():
     graphdef, p0, rest0 = reference
     tx = optax.adam(1e-2)
 
-    def one_device(p: object) -> object:
+    def one_device(p: Any) -> Any:
         return task.loss(nnx.merge(graphdef, p, rest0)(*inputs), inputs, targets)
 
     loss0, grads0 = jax.value_and_grad(one_device)(p0)
@@ -150,9 +152,9 @@ def test_a_sharded_step_is_planned_with_its_bytes_per_device():
     loss, step_args = pure_step_loss(make_task("mlp", depth=4, width=64, batch_size=512))
     sharded = _mesh.shard_step_args(step_args, mesh)
     p = plan(loss, *sharded, memory_budget=0.8, measure=False)
-    assert p.feasible
+    assert p.feasible and p.chosen is not None
 
-    def memory(args: tuple, **jit: object) -> object:
+    def memory(args: tuple, **jit: Any) -> Any:
         return jax.jit(jax.grad(p.apply(loss)), **jit).lower(*args).compile().memory_analysis()
 
     param_shardings = jax.tree.map(lambda x: x.sharding, sharded[0])
@@ -174,4 +176,5 @@ def test_a_sharded_step_is_planned_with_its_bytes_per_device():
     # the un-checkpointed step, the budget's yardstick, is per device too
     none = next(c for c in p.candidates if c.label == "no checkpoint")
     none_step = jax.jit(jax.grad(apply_policies(loss, none.policies)), out_shardings=param_shardings)
-    assert p.none_temp_bytes == none_step.lower(*sharded).compile().memory_analysis().temp_size_in_bytes
+    none_memory: Any = none_step.lower(*sharded).compile().memory_analysis()
+    assert p.none_temp_bytes == none_memory.temp_size_in_bytes
