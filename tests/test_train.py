@@ -302,12 +302,18 @@ def test_fsdp_mesh_gives_the_one_device_losses_and_resumes(mlp_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_processes_on_an_fsdp_mesh_give_the_one_device_losses(mlp_run):
-    runs = _two_processes("mlp", "--steps", "20", "--mesh", "data=2,fsdp=2", *TINY["mlp"])
-    for d in runs:
-        assert d["processes"] == 2 and d["mesh"] == {"data": 2, "fsdp": 2}
-        np.testing.assert_allclose(d["losses"], mlp_run["losses"], rtol=MESH_RTOL, atol=0)
-    assert runs[0]["losses"] == runs[1]["losses"]
+def test_two_processes_on_an_fsdp_mesh_give_the_one_device_losses_and_resume(mlp_run, tmp_path):
+    """2 processes of 2 CPU devices, one data=2,fsdp=2 mesh; saved half-way (orbax writes
+    each process's shards) and resumed by both."""
+    save = str(tmp_path / "run")
+    mesh = ("--mesh", "data=2,fsdp=2", *TINY["mlp"])
+    first = _two_processes("mlp", "--steps", "10", "--save-every", "5", "--save-dir", save, *mesh)
+    resumed = _two_processes("mlp", "--steps", "20", "--resume", "--save-dir", save, *mesh)
+    for a, b in zip(first, resumed, strict=True):
+        assert b["processes"] == 2 and b["mesh"] == {"data": 2, "fsdp": 2} and b["resumed_from"] == 10
+        assert b["losses"][:10] == a["losses"]
+        np.testing.assert_allclose(b["losses"], mlp_run["losses"], rtol=MESH_RTOL, atol=0)
+    assert resumed[0]["losses"] == resumed[1]["losses"]
 
 
 def _finished_saves(directory: str) -> list[int]:

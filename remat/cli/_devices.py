@@ -1,7 +1,8 @@
 """The devices ``remat train`` runs on: host device counts, multi-process runs, device memory.
 
-One step function serves one CPU, one GPU or many: ``remat train`` builds a 1-D
-``jax.sharding.Mesh`` over :func:`setup_devices`' devices with axis ``"data"``.
+One step function serves one CPU, one GPU or many: ``remat train`` builds a
+``jax.sharding.Mesh`` with axes ``"data"`` and ``"fsdp"`` over :func:`setup_devices`' devices
+(:mod:`remat.cli._mesh`; ``--mesh data=D,fsdp=F`` asks for ``D * F`` of them).
 ``--devices N`` on CPU sets ``jax_num_cpu_devices`` before JAX's backend starts (the same
 as ``XLA_FLAGS=--xla_force_host_platform_device_count=N``; flags already in XLA_FLAGS, such
 as the XLA:CPU flag ``import remat`` adds, are kept).
