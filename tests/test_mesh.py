@@ -2,7 +2,7 @@
 
 The spec and the rules are pure functions, checked here in this process. What needs 4
 devices runs as ``isolated`` tests: each child process makes 4 CPU host devices before
-JAX starts. The 20-step loss comparisons (one process and two) are in ``test_train.py``.
+JAX starts (the planning test in the default suite, the training step's with ``-m slow``). The 20-step loss comparisons (one process and two) are in ``test_train.py``.
 """
 from __future__ import annotations
 
@@ -98,6 +98,7 @@ def _four_cpu_devices() -> list:
     return devices[:4]
 
 
+@pytest.mark.slow  # a child process and two compiles; the rules' fast check is fsdp_spec's test above
 @pytest.mark.isolated
 def test_a_sharded_step_keeps_parameters_and_adam_moments_sharded_over_fsdp():
     import jax
