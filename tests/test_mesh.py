@@ -2,7 +2,8 @@
 
 The spec and the rules are pure functions, checked here in this process. What needs 4
 devices runs as ``isolated`` tests: each child process makes 4 CPU host devices before
-JAX starts (the planning test in the default suite, the training step's with ``-m slow``). The 20-step loss comparisons (one process and two) are in ``test_train.py``.
+JAX starts (the planning test in the default suite, the training step's with ``-m slow``).
+The 20-step loss comparisons (one process and two) are in ``test_train.py``.
 """
 from __future__ import annotations
 
