@@ -133,7 +133,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.save_dir:
         check_save_dir(args)
 
-    sizes = args.mesh_sizes if getattr(args, "mesh_sizes", None) else None
+    sizes = getattr(args, "mesh_sizes", None)  # --mesh, parsed by remat.cli.train.validate
     devices = setup_devices(args.devices if sizes is None else _mesh.mesh_size(sizes), args,
                             flag=None if sizes is None else f"--mesh {_mesh.mesh_label(sizes)}")
     n_dev = len(devices)
