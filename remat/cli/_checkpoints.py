@@ -62,7 +62,8 @@ def open_saves(args: Any, state: Any, identity: dict[str, Any], sharding: Any) -
     """The :class:`Saver` of ``--save-dir``, and the state to start from.
 
     With ``--resume``: the latest save, checked against this run's ``identity`` and state
-    structure and restored with ``sharding``. Without: ``state`` as given, and an error
+    structure and restored with ``sharding`` (one for every leaf of ``state``, or one for
+    all). Without: ``state`` as given, and an error
     when the directory already holds saves.
 
     Returns:
@@ -93,8 +94,10 @@ def open_saves(args: Any, state: Any, identity: dict[str, Any], sharding: Any) -
         if meta.get("signature") != _signature([_to_saveable(x) for x in template]) or meta.get("step") != step \
                 or len(meta["losses"]) != step:
             raise UsageError(f"--resume: {path} does not match this model's state (or is damaged); {what}")
-        abstract = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
-                    for s in (_to_saveable(x) for x in template)]
+        shardings = jax.tree.leaves(sharding)  # one for every leaf, or one for all
+        shardings = shardings if len(shardings) == len(template) else shardings * len(template)
+        abstract = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh)
+                    for s, sh in zip((_to_saveable(x) for x in template), shardings)]
         restored = saver.restore_state(step, abstract, path, what)
         state = jax.tree.unflatten(treedef, [_from_saveable(r, t) for r, t in zip(restored, template)])
         losses = [float(v) for v in meta["losses"]]

@@ -1,7 +1,8 @@
 """The devices ``remat train`` runs on: host device counts, multi-process runs, device memory.
 
-One step function serves one CPU, one GPU or many: ``remat train`` builds a 1-D
-``jax.sharding.Mesh`` over :func:`setup_devices`' devices with axis ``"data"``.
+One step function serves one CPU, one GPU or many: ``remat train`` builds a
+``jax.sharding.Mesh`` with axes ``"data"`` and ``"fsdp"`` over :func:`setup_devices`' devices
+(:mod:`remat.cli._mesh`; ``--mesh data=D,fsdp=F`` asks for ``D * F`` of them).
 ``--devices N`` on CPU sets ``jax_num_cpu_devices`` before JAX's backend starts (the same
 as ``XLA_FLAGS=--xla_force_host_platform_device_count=N``; flags already in XLA_FLAGS, such
 as the XLA:CPU flag ``import remat`` adds, are kept).
@@ -48,21 +49,23 @@ def _start_distributed(args: Any) -> None:
         jax.distributed.initialize()  # REMAT_DISTRIBUTED=1: the cluster (SLURM, ...) says who is who
 
 
-def setup_devices(n: int | None, args: Any = None) -> list[Any]:
+def setup_devices(n: int | None, args: Any = None, flag: str | None = None) -> list[Any]:
     """The devices to train on; makes ``n`` CPU host devices when JAX has not started yet.
 
     ``n`` is the global device count: in a run of P processes each makes ``n / P``.
+    ``flag`` is how errors name the option that asked for ``n`` (default ``--devices N``).
     """
     import jax
 
     from remat.analysis.process import jax_backend_started
 
+    asked = flag or f"--devices {n}"
     started = jax_backend_started()
     n_proc_asked = getattr(args, "num_processes", None) or 1
     if n is not None and n > 1 and not started:
         local = n // n_proc_asked
         if local > MAX_HOST_DEVICES:
-            raise UsageError(f"--devices {n}: at most {MAX_HOST_DEVICES} devices can be made on a host")
+            raise UsageError(f"{asked}: at most {MAX_HOST_DEVICES} devices can be made on a host")
         if jax.config.values["jax_num_cpu_devices"] < local:
             jax.config.update("jax_num_cpu_devices", local)
     _start_distributed(args)
@@ -73,12 +76,12 @@ def setup_devices(n: int | None, args: Any = None) -> list[Any]:
         platform = devices[0].platform
         if started and platform == "cpu":
             raise UsageError(
-                f"--devices {n}: JAX already started in this process with {len(devices)} CPU device(s) and "
+                f"{asked}: JAX already started in this process with {len(devices)} CPU device(s) and "
                 "cannot make more; run remat train in a fresh process")
-        raise UsageError(f"--devices {n}: only {len(devices)} {platform} device(s) available; "
-                         f"use --devices {len(devices)} or fewer")
+        fewer = f"use --devices {len(devices)} or fewer" if flag is None else "use a smaller mesh"
+        raise UsageError(f"{asked}: only {len(devices)} {platform} device(s) available; {fewer}")
     if jax.process_count() > 1 and n != len(devices):
-        raise UsageError(f"--devices {n}: a multi-host run uses every device ({len(devices)})")
+        raise UsageError(f"{asked}: a multi-host run uses every device ({len(devices)})")
     return devices[:n]
 
 

@@ -1,15 +1,16 @@
 """The training loop behind ``remat train``: sharded steps, saves, progress and the summary.
 
 The task (model, data, loss) comes from :mod:`remat.models.tasks`, the devices from
-:mod:`remat.cli._devices`, the saves from :mod:`remat.cli._checkpoints`. The batch is
-sharded ``PartitionSpec("data")`` along its leading axis; parameters, BatchNorm statistics
-and optimizer state are replicated (``PartitionSpec()``), and ``jax.jit`` inserts the
-gradient all-reduce. In a multi-process run every process computes the same global batch
-from ``(seed, step)`` and feeds only its rows through
-``jax.make_array_from_process_local_data``; the jitted step is the same program everywhere
-and XLA's collectives (gloo on CPU) do the gradient all-reduce. Data order is a pure
-function of ``(seed, step)``, so a resumed run's losses are bitwise the uninterrupted
-run's on CPU.
+:mod:`remat.cli._devices`, the mesh and where each array lives from :mod:`remat.cli._mesh`,
+the saves from :mod:`remat.cli._checkpoints`. The mesh has axes ``data`` and ``fsdp``
+(``--mesh data=D,fsdp=F``; ``--devices N`` alone is ``data=N,fsdp=1``). The batch is
+split along its leading axis over both; parameters and optimizer state are sharded over
+``fsdp`` (replicated when ``F`` is 1), non-parameter state such as BatchNorm statistics
+is replicated, and ``jax.jit`` inserts the all-gathers and the gradient reductions. In a
+multi-process run every process computes the same global batch from ``(seed, step)`` and
+puts only its devices' rows; the jitted step is the same program everywhere and XLA's
+collectives (gloo on CPU) do the reductions. Data order is a pure function of
+``(seed, step)``, so a resumed run's losses are bitwise the uninterrupted run's on CPU.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from remat.cli import _mesh
 from remat.cli._checkpoints import check_save_dir, open_saves
 from remat.cli._common import EXIT_CHECK_FAILED, EXIT_OK, UsageError, build_task, print_json, print_table
 from remat.cli._devices import device_peak_bytes, is_distributed, native_stdout_to_stderr, setup_devices
@@ -67,6 +69,53 @@ def write_plot(path: str, losses: list[float], title: str) -> None:
         plt.close(fig)
 
 
+def sharded_training(model: Any, loss_of: Any, tx: Any, mesh: Any) -> tuple[Any, Any, Any]:
+    """The training state on ``mesh``, its shardings, and the jitted step that updates it.
+
+    Args:
+      model: the NNX model; its parameters and the optimizer state are sharded over
+        ``fsdp`` (:func:`remat.cli._mesh.fsdp_shardings`), its other state replicated.
+      loss_of: ``loss_of(outputs, inputs, targets)``, a scalar.
+      tx: the optax optimizer.
+      mesh: the ``data``/``fsdp`` mesh (:func:`remat.cli._mesh.make_mesh`).
+
+    Returns:
+      ``(state, shardings, step)``: ``state`` is ``(params, rest, opt_state)``, placed;
+      ``step(state, inputs, targets)`` returns ``(new state, loss)``, donates ``state``
+      and keeps every array where ``shardings`` puts it.
+
+    Example:
+      >>> state, shardings, step = sharded_training(model, task.loss, optax.adam(3e-3), mesh)  # doctest: +SKIP
+      >>> state, loss = step(state, inputs, targets)  # doctest: +SKIP
+    """
+    import jax
+    import optax
+    from flax import nnx
+
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    param_shardings = _mesh.fsdp_shardings(params, mesh)
+    params = jax.device_put(params, param_shardings)
+    # jit(tx.init): one compilation, not one per parameter shape; the moments are sharded as the parameters
+    opt_state = jax.jit(tx.init)(params)
+    shardings = (param_shardings, _mesh.replicated_tree(rest, mesh), _mesh.fsdp_shardings(opt_state, mesh))
+    state = jax.device_put((params, rest, opt_state), shardings)
+    batch = _mesh.batch_sharding(mesh)
+
+    def train_step(state: Any, inputs: tuple, targets: Any) -> tuple[Any, Any]:
+        params, rest, opt_state = state
+        model = nnx.merge(graphdef, params, rest)
+        # nnx.value_and_grad, not jax's: it lets checkpointed NNX regions (nnx.remat under
+        # remat.checkpoint) update BatchNorm statistics of a model merged inside this trace.
+        loss, grads = nnx.value_and_grad(lambda m: loss_of(m(*inputs), inputs, targets))(model)
+        _, _, new_rest = nnx.split(model, nnx.Param, ...)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), new_rest, opt_state), loss
+
+    step = jax.jit(train_step, in_shardings=(shardings, batch, batch),
+                   out_shardings=(shardings, _mesh.replicated(mesh)), donate_argnums=(0,))
+    return state, shardings, step
+
+
 def main(args: argparse.Namespace) -> int:
     """``remat train``; returns the exit code (see :mod:`remat.cli.train` for the options)."""
     if not is_distributed(args):
@@ -84,14 +133,13 @@ def _main(args: argparse.Namespace) -> int:
     if args.save_dir:
         check_save_dir(args)
 
-    devices = setup_devices(args.devices, args)
+    sizes = getattr(args, "mesh_sizes", None)  # --mesh, parsed by remat.cli.train.validate
+    devices = setup_devices(args.devices if sizes is None else _mesh.mesh_size(sizes), args,
+                            flag=None if sizes is None else f"--mesh {_mesh.mesh_label(sizes)}")
     n_dev = len(devices)
+    sizes = sizes or {"data": n_dev, "fsdp": 1}
 
     import jax
-    import optax
-    from flax import nnx
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
 
     from remat.analysis.process import current_rss_bytes, process_peak_rss_bytes
 
@@ -103,19 +151,14 @@ def _main(args: argparse.Namespace) -> int:
         # float32 parameters and optimizer state, bfloat16 compute; the loss in float32, as under autocast
         task.model = jax_model(task.model, "mixed")
         loss_of = lambda out, inputs, targets: task.loss(float32_outputs(out), inputs, targets)  # noqa: E731
-    if task.batch_size % n_dev:
-        raise UsageError(f"batch size {task.batch_size} does not split evenly over {n_dev} devices; "
-                         f"use a multiple of {n_dev} (--batch-size) or other --devices")
-    mesh = Mesh(np.array(devices), ("data",))
-    replicated = NamedSharding(mesh, P())
-    sharded = NamedSharding(mesh, P("data"))
+    mesh = _mesh.make_mesh(sizes, devices)
+    _mesh.check_batch(task.batch_size, mesh)
+    batch = _mesh.batch_sharding(mesh)
 
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
     tx = make_optimizer(args.optimizer, lr)
-    graphdef, params, rest = nnx.split(task.model, nnx.Param, ...)
-    opt_state = jax.jit(tx.init)(params)  # one compilation, not one per parameter shape
-    n_params = int(sum(x.size for x in jax.tree.leaves(params)))
-    state = jax.device_put((params, rest, opt_state), replicated)
+    state, shardings, step_fn = sharded_training(task.model, loss_of, tx, mesh)
+    n_params = int(sum(x.size for x in jax.tree.leaves(state[0])))
     identity = {**task.identity, "optimizer": args.optimizer, "lr": lr, "batch_size": task.batch_size,
                 "seed": args.seed}
     if getattr(args, "precision", "float32") == "mixed":  # a float32 run's saves keep their identity
@@ -123,29 +166,9 @@ def _main(args: argparse.Namespace) -> int:
 
     saver, losses, resumed_from = None, [], None
     if args.save_dir:
-        saver, state, losses, resumed_from = open_saves(args, state, identity, replicated)
+        saver, state, losses, resumed_from = open_saves(args, state, identity, shardings)
 
-    def train_step(state: Any, inputs: tuple, targets: Any) -> tuple[Any, Any]:
-        params, rest, opt_state = state
-        model = nnx.merge(graphdef, params, rest)
-        # nnx.value_and_grad, not jax's: it lets checkpointed NNX regions (nnx.remat under
-        # remat.checkpoint) update BatchNorm statistics of a model merged inside this trace.
-        loss, grads = nnx.value_and_grad(lambda m: loss_of(m(*inputs), inputs, targets))(model)
-        _, _, new_rest = nnx.split(model, nnx.Param, ...)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), new_rest, opt_state), loss
-
-    step_fn = jax.jit(train_step, in_shardings=(replicated, sharded, sharded),
-                      out_shardings=(replicated, replicated), donate_argnums=(0,))
-
-    n_proc, pid = jax.process_count(), jax.process_index()
-
-    def put(tree: Any) -> Any:
-        def one(x: np.ndarray) -> Any:
-            rows = x.shape[0] // n_proc
-            return jax.make_array_from_process_local_data(sharded, x[pid * rows:(pid + 1) * rows], x.shape)
-
-        return jax.tree.map(one, tree)
+    n_proc = jax.process_count()
 
     start = len(losses)
     bar = _progress(args.steps, start, task.name, args.json)
@@ -155,7 +178,7 @@ def _main(args: argparse.Namespace) -> int:
     try:
         for step in range(start, args.steps):
             inputs, targets = task.batch(step)
-            state, loss = step_fn(state, put(inputs), put(targets))
+            state, loss = step_fn(state, _mesh.put_global(inputs, batch), _mesh.put_global(targets, batch))
             value = float(loss)
             losses.append(value)
             if t_first is None:
@@ -200,6 +223,9 @@ def _main(args: argparse.Namespace) -> int:
         "batch_size": task.batch_size,
         "parameters": n_params,
         "devices": n_dev,
+        "mesh": sizes,
+        "state_bytes": sum(x.nbytes for x in jax.tree.leaves((state[0], state[2]))),
+        "state_bytes_per_device": _mesh.bytes_per_device((state[0], state[2])),
         "platform": devices[0].platform,
         "processes": n_proc,
         "steps": args.steps,
@@ -237,7 +263,9 @@ def _print_summary(result: dict[str, Any]) -> None:
         ["precision", result["precision"]],
         ["optimizer", f"{result['optimizer']}, lr {result['lr']:g}, batch {result['batch_size']}"],
         ["devices", f"{result['devices']} x {result['platform']}"
-         + (f" over {n_proc} processes" if n_proc > 1 else "")],
+         + (f" over {n_proc} processes" if n_proc > 1 else "") + f", mesh {_mesh.mesh_label(result['mesh'])}"],
+        ["params + optimizer", f"{result['state_bytes_per_device'] / 2**20:.2f} MiB per device "
+                               f"of {result['state_bytes'] / 2**20:.2f} MiB"],
         ["steps", f"{result['steps']}" + (f" (resumed at {resumed_from})" if resumed_from is not None else "")],
         ["loss", f"{fmt(result['first_loss'])} -> {fmt(result['final_loss'])}"],
         ["steps/s", fmt(result["steps_per_s"])],

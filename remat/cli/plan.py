@@ -5,6 +5,7 @@ import argparse
 import sys
 from typing import Any
 
+from remat.cli import _mesh
 from remat.cli._common import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
@@ -32,6 +33,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--width", type=int, default=None, help="block width (built-in models)")
     parser.add_argument("--batch-size", type=int, default=None, help="batch size (default: the model's)")
     parser.add_argument("--seq-len", type=int, default=None, help="transformer context length")
+    parser.add_argument("--mesh", default=None, metavar="data=D,fsdp=F",
+                        help="plan the step sharded as remat train --mesh shards it (the batch over both axes, "
+                             "parameters over fsdp) on D * F devices (on CPU: host devices); every byte figure "
+                             "is then per device")
     parser.add_argument("--repeat", type=int, default=5, help="timed steps per fitting candidate (median)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--exhaustive", action="store_true",
@@ -51,7 +56,12 @@ def run(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         raise UsageError("--repeat must be at least 1")
     validate_checkpoint_flags(args)
+    sizes = _mesh.parse_mesh(args.mesh) if args.mesh is not None else None
+    if sizes is not None and args.batch_size is not None and args.batch_size % _mesh.mesh_size(sizes):
+        raise UsageError(f"--batch-size {args.batch_size} does not split evenly over the {_mesh.mesh_size(sizes)} "
+                         f"devices of --mesh {_mesh.mesh_label(sizes)}; use a multiple of {_mesh.mesh_size(sizes)}")
     apply_keep_freed_memory_flag(args)  # before JAX starts its threads
+    mesh = _planning_mesh(sizes)
     from remat.models.tasks import pure_step_loss
     from remat.planner import plan, region_choices
 
@@ -59,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
     budget = args.memory_budget
     task = build_task(args)
     loss, step_args = pure_step_loss(task)
+    if mesh is not None:
+        _mesh.check_batch(task.batch_size, mesh)
+        step_args = _mesh.shard_step_args(step_args, mesh)
     result = plan(loss, *step_args, memory_budget=budget, repeat=args.repeat, exhaustive=args.exhaustive,
                   second_opinion=args.second_opinion,
                   progress=lambda line: print(line, file=sys.stderr, flush=True))
@@ -68,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     compile_alone_s = _compile_alone_s(loss, step_args, result) if args.json else None
     modules = _module_choices(loss, step_args, result.chosen) if args.checkpoint else []
     if args.json:
-        print_json({"model": task.name, "checkpoint": args.checkpoint,
+        print_json({"model": task.name, "checkpoint": args.checkpoint, "mesh": sizes,
                     "modules": [{"path": p, "policy": s} for p, s in modules],
                     "regions": region_choices(result, loss, *step_args), **result.to_dict(),
                     "compile_alone_s": compile_alone_s})
@@ -79,8 +92,9 @@ def run(args: argparse.Namespace) -> int:
                    if c.temp_bytes is not None else ("-", "not compiled")),
                  "yes" if c.fits else "no", "-" if c.predicted_ms is None else f"{c.predicted_ms:.2f}",
                  "-" if c.measured_ms is None else f"{c.measured_ms:.2f}"] for c in result.candidates]
+        per_device = f" per device of mesh {_mesh.mesh_label(sizes)}" if sizes is not None else ""
         print_table(f"remat plan {task.name}: budget {budget} of {result.none_temp_bytes / mib:.1f} MiB "
-                    f"compiled temp memory, {result.num_regions} regions"
+                    f"compiled temp memory{per_device}, {result.num_regions} regions"
                     + (f" ({task.policy})" if args.checkpoint else ""),
                     ["candidate", "temp MiB", "of none", "fits", "predicted ms", "measured ms"], rows)
         if result.chosen is None:
@@ -101,6 +115,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"planned in {plan_s:.1f} s{one}: {len(result.candidates)} candidates, {compiled} compiled, "
               f"{len({c.program for c in result.candidates if c.program})} distinct programs")
     return EXIT_OK if result.feasible else EXIT_CHECK_FAILED
+
+
+def _planning_mesh(sizes: dict[str, int] | None) -> Any:
+    """The ``--mesh`` to plan on (its CPU host devices made before JAX starts), or None."""
+    if sizes is None:
+        return None
+    from remat.cli._devices import setup_devices
+
+    label = f"--mesh {_mesh.mesh_label(sizes)}"
+    return _mesh.make_mesh(sizes, setup_devices(_mesh.mesh_size(sizes), flag=label))
 
 
 def _compile_alone_s(loss: Any, step_args: tuple, result: Any) -> float:

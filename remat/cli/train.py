@@ -63,6 +63,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=None, help="transformer context length (default 32)")
     parser.add_argument("--devices", type=int, default=None, metavar="N",
                         help="data-parallel over N devices (on CPU: N host devices; default: every device JAX sees)")
+    parser.add_argument("--mesh", default=None, metavar="data=D,fsdp=F",
+                        help="shard over a D x F device mesh: the batch over both axes, parameters and optimizer "
+                             "state over fsdp (FSDP); D * F devices (on CPU: host devices); e.g. data=2,fsdp=2")
     parser.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                         help="multi-process run: address of process 0 (jax.distributed.initialize); "
                              "needs --num-processes and --process-id; --devices is then the global count")
@@ -98,6 +101,7 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError(
             f"--batch-size {args.batch_size} does not split evenly over --devices {args.devices}; "
             f"use a multiple of {args.devices}")
+    _validate_mesh(args)
     _save_interval(args)
     validate_checkpoint_flags(args)
     _validate_distributed(args)
@@ -107,6 +111,25 @@ def validate(args: argparse.Namespace) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     if args.resume and not args.save_dir:
         raise UsageError("--resume needs --save-dir DIR (the directory an earlier run saved into)")
+
+
+def _validate_mesh(args: argparse.Namespace) -> None:
+    """Sets ``args.mesh_sizes`` from ``--mesh`` (None without it) and checks it against the other flags."""
+    from remat.cli._mesh import mesh_label, mesh_size, parse_mesh
+
+    args.mesh_sizes = None if args.mesh is None else parse_mesh(args.mesh)
+    if args.mesh_sizes is None:
+        return
+    size, label = mesh_size(args.mesh_sizes), mesh_label(args.mesh_sizes)
+    if args.devices is not None and args.devices != size:
+        raise UsageError(f"--mesh {label} spans {size} devices but --devices is {args.devices}; "
+                         "leave --devices out (the mesh says how many) or make them agree")
+    if args.batch_size is not None and args.batch_size % size:
+        raise UsageError(f"--batch-size {args.batch_size} does not split evenly over the {size} devices of "
+                         f"--mesh {label}; use a multiple of {size}")
+    if args.num_processes is not None and args.num_processes >= 1 and size % args.num_processes:
+        raise UsageError(f"--mesh {label} spans {size} devices, which do not split evenly over "
+                         f"--num-processes {args.num_processes}")
 
 
 def _save_interval(args: argparse.Namespace) -> None:

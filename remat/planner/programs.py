@@ -56,10 +56,26 @@ def lower_step(fn: Callable[..., Any], args: tuple, argnums: int | Sequence[int]
     """``jax.jit(jax.grad(fn, argnums))`` lowered for ``args``: traced, not yet compiled.
 
     The same program :func:`remat.analysis.compiled.compiled_step` compiles; the planner
-    lowers first so that candidates lowering to the same program compile once.
+    lowers first so that candidates lowering to the same program compile once. Arguments
+    that carry shardings (``jax.Array`` or ``jax.ShapeDtypeStruct`` over a ``Mesh``) keep
+    them, so every byte figure of the compile is per device; where every differentiated
+    array carries a ``NamedSharding``, each gradient is sharded as its array, as in a
+    training step that feeds the gradients to a sharded optimizer.
     """
     argnums = argnums if isinstance(argnums, int) else tuple(argnums)
-    return jax.jit(jax.grad(fn, argnums=argnums)).lower(*args)
+    return jax.jit(jax.grad(fn, argnums=argnums), **gradient_shardings(args, argnums)).lower(*args)
+
+
+def gradient_shardings(args: tuple, argnums: int | tuple[int, ...]) -> dict[str, Any]:
+    """``{"out_shardings": ...}``: the differentiated arguments' ``NamedSharding`` s, when all have one
+    (an FSDP step's gradients sharded as its parameters); ``{}`` otherwise (the compiler decides)."""
+    picked = args[argnums] if isinstance(argnums, int) else tuple(args[i] for i in argnums)
+    shardings = jax.tree.map(lambda x: getattr(x, "sharding", None), picked)
+    leaves = jax.tree.leaves(shardings)
+    if not leaves or not all(isinstance(s, jax.sharding.NamedSharding) for s in leaves) \
+            or len(leaves) != len(jax.tree.leaves(picked)):
+        return {}
+    return {"out_shardings": shardings}
 
 
 def lowered_fingerprint(lowered: Any) -> str:
