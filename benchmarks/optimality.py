@@ -34,6 +34,8 @@ import statistics
 import sys
 import time
 
+from benchmarks.results import add_results_argument, write_result
+
 SIZES = {"mlp": dict(width=128, batch_size=512), "transformer": dict(width=64, batch_size=8, seq_len=64),
          "cnn": dict(batch_size=16)}
 OPTIONS = ("no_checkpoint", "nothing", "dots_no_batch", "dots")
@@ -184,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="mlp,transformer,cnn")
     parser.add_argument("--out", default="bench-out")
     parser.add_argument("--repeat", type=int, default=7, help="interleaved timing rounds (medians)")
+    add_results_argument(parser)
     args = parser.parse_args(argv)
 
     def log(msg: str) -> None:
@@ -199,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump(rows, f, indent=1)
     with open(os.path.join(args.out, "optimality.md"), "w") as f:
         f.write(markdown(rows))
+    write_result(args.results, "optimality-quick" if args.quick else "optimality", markdown(rows), argv,
+                 "benchmarks.optimality")
     print(markdown(rows))
     return 0
 
