@@ -6,7 +6,11 @@ the work tree had uncommitted changes), the date, the machine (CPU model, cores,
 jax and jaxlib versions), then the benchmark's own Markdown. The docs pages include these
 files (``--8<--``) rather than retyping their figures, so a rerun updates the docs.
 ``--results DIR`` (:func:`add_results_argument`) sends the file elsewhere; ``--results ''``
-writes none.
+writes none. GitHub shows the README without includes, so the README copies a result's
+body (its tables, without the provenance) between ``<!-- result: docs/results/<name>.md -->``
+and ``<!-- end result -->``: :func:`write_result` updates that copy, and
+``tests/test_readme.py`` checks that it matches the file (``python -m benchmarks.results``
+copies them all again).
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import argparse
 import datetime
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -21,6 +26,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "docs" / "results"
+README = REPO / "README.md"
+README_COPY = re.compile(r"(<!-- result: (?P<path>[^ ]+) -->\n)(?P<body>.*?)(<!-- end result -->)", re.S)
 
 
 def add_results_argument(parser: argparse.ArgumentParser) -> None:
@@ -95,4 +102,30 @@ def write_result(results_dir: str, name: str, body: str, argv: list[str] | None 
     path = Path(results_dir) / f"{name}.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(provenance(argv, module) + "\n" + body.rstrip("\n") + "\n")
+    if README.exists():
+        README.write_text(readme_with_results(README.read_text()))
     return path
+
+
+def body(result_file: Path) -> str:
+    """A result file's Markdown without its provenance (the lines before the first blank line)."""
+    return result_file.read_text().split("\n\n", 1)[1]
+
+
+def readme_with_results(readme: str) -> str:
+    """``readme`` with each result copy replaced by the body of the file it names."""
+    def copy(found: re.Match) -> str:
+        result_file = REPO / found.group("path")
+        text = body(result_file) if result_file.exists() else found.group("body")
+        return found.group(1) + text + found.group(4)
+
+    return README_COPY.sub(copy, readme)
+
+
+def main() -> int:
+    README.write_text(readme_with_results(README.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

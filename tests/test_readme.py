@@ -47,3 +47,13 @@ def test_the_site_opens_with_the_readme():
     assert '--8<-- "README.md:front"' in index
     front = readme.split("--8<-- [start:front]", 1)[1].split("--8<-- [end:front]", 1)[0]
     assert _setup_commands()[1] in front and "## In one picture" in front
+
+
+def test_the_readme_copies_its_results_from_the_result_files():
+    from benchmarks.results import README_COPY, readme_with_results
+
+    text = (ROOT / "README.md").read_text()
+    copies = [m.group("path") for m in README_COPY.finditer(text)]
+    assert copies and all((ROOT / path).exists() for path in copies), copies
+    assert text == readme_with_results(text), (
+        "the README's result copies differ from docs/results/: run python -m benchmarks.results")
