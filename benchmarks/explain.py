@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 
+from benchmarks.results import add_results_argument, write_result
 from remat.analysis.explanation import explain
 
 # (registry name, policy, sizes): the README's profile sizes for the transformer
@@ -70,9 +71,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.explain", description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per model (median)")
+    add_results_argument(parser)
     args = parser.parse_args(argv)
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, {args.rounds} rounds, medians")
-    print(markdown([measure(m, p, s, args.rounds) for m, p, s in CASES]))
+    table = markdown([measure(m, p, s, args.rounds) for m, p, s in CASES])
+    print(table)
+    write_result(args.results, "explain", table, argv, "benchmarks.explain")
     return 0
 
 

@@ -35,6 +35,8 @@ import statistics
 import sys
 import time
 
+from benchmarks.results import add_results_argument, write_result
+
 SIZES = {"mlp": dict(width=128, batch_size=512), "transformer": dict(width=64, batch_size=8, seq_len=64),
          "cnn": dict(batch_size=16)}
 OPTIONS = ("no_checkpoint", "nothing", "dots_no_batch", "dots")
@@ -189,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="registry models and the steps of benchmarks.foreign_steps")
     parser.add_argument("--out", default="bench-out")
     parser.add_argument("--repeat", type=int, default=7, help="interleaved timing rounds (medians)")
+    add_results_argument(parser)
     args = parser.parse_args(argv)
     from benchmarks.foreign_steps import BUDGETS as FOREIGN_BUDGETS
     from benchmarks.foreign_steps import STEPS
@@ -206,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump(rows, f, indent=1)
     with open(os.path.join(args.out, "optimality.md"), "w") as f:
         f.write(markdown(rows))
+    write_result(args.results, "optimality-quick" if args.quick else "optimality", markdown(rows), argv,
+                 "benchmarks.optimality")
     print(markdown(rows))
     return 0
 

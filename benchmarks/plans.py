@@ -25,6 +25,7 @@ import sys
 import time
 
 import remat
+from benchmarks.results import add_results_argument, write_result
 
 
 def _task(model: str, depth: int):
@@ -42,11 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", action="store_true", help="budgets 1 to 0 by 0.05, 8 blocks")
     parser.add_argument("--keep-freed-memory", action="store_true",
                         help="remat.keep_freed_memory() first: glibc keeps freed heap for reuse")
+    add_results_argument(parser)
     args = parser.parse_args(argv)
     if args.keep_freed_memory and not remat.keep_freed_memory():
         parser.error("--keep-freed-memory needs glibc")
     if args.sweep:
-        return sweep(args.out, args.repeat)
+        return sweep(args.out, args.repeat, args.results, argv)
     from remat.analysis import time_programs
     from remat.planner import plan
     from remat.planner.programs import MIN_SAMPLE_S
@@ -131,11 +133,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.get('ratio_to_best_fixed', float('nan')):.2f} | {r.get('ratio_to_nothing', float('nan')):.2f} |")
     with open(os.path.join(args.out, "plans.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
+    write_result(args.results, "plans-quick" if args.quick else "plans", "\n".join(lines), argv, "benchmarks.plans")
     print("\n".join(lines))
     return 0
 
 
-def sweep(out: str, repeat: int) -> int:
+def sweep(out: str, repeat: int, results: str = "", argv: list[str] | None = None) -> int:
     """Budgets 1, 0.95, ..., 0 on the 8-block MLP and transformer: the plans' temp bytes and times."""
     import statistics
 
@@ -180,6 +183,7 @@ def sweep(out: str, repeat: int) -> int:
                      f"| {100 * r['spread']:.0f}% |")
     with open(os.path.join(out, "sweep.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
+    write_result(results, "plans-sweep", "\n".join(lines), argv, "benchmarks.plans")
     print("\n".join(lines))
     return 0
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.results import add_results_argument, write_result
+
 PRECISIONS = ("float32", "mixed", "bfloat16")
 FULL = {"vocab": 256, "depth": 4, "width": 256, "heads": 8, "seq_len": 128, "batch": 16}
 QUICK = {"vocab": 64, "depth": 2, "width": 64, "heads": 4, "seq_len": 32, "batch": 8}
@@ -145,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--threads", type=int, default=2, help="PyTorch's intra-op threads (default 2, as "
                         "benchmarks.run; more than the machine's free cores oversubscribes it)")
+    add_results_argument(parser)
     args = parser.parse_args(argv)
     import torch
 
@@ -155,9 +158,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         print(json.dumps({"sizes": sizes, "repeats": repeats, "rows": rows}))
     else:
-        print(f"transformer {sizes}, AdamW step, every block checkpointed, median of {repeats}, "
-              f"torch threads {args.threads}")
+        title = (f"transformer {sizes}, AdamW step, every block checkpointed, median of {repeats}, "
+                 f"torch threads {args.threads}")
+        print(title)
         print(table(rows))
+        write_result(args.results, "precision-quick" if args.quick else "precision", f"{title}\n\n{table(rows)}",
+                     argv, "benchmarks.precision")
 
 
 if __name__ == "__main__":

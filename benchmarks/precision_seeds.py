@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.results import add_results_argument, write_result
+
 
 def _entry(name: str) -> Any:
     from remat.models import HF_MODELS, MODELS
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("configs", nargs="+", metavar="MODEL:PRECISION")
     parser.add_argument("--seeds", type=int, default=8, help="seeds 0..N-1 (default 8)")
     parser.add_argument("--json", action="store_true")
+    add_results_argument(parser)
     args = parser.parse_args(argv)
     results, rows_by = {}, {}
     for key in args.configs:
@@ -86,6 +89,8 @@ def main(argv: list[str] | None = None) -> None:
         rows = [r for seed in range(args.seeds) for r in trained_rows(name, precision, seed)]
         rows_by[key], results[key] = rows, summarize(rows)
     print(json.dumps({"summary": results, "rows": rows_by}) if args.json else table(results))
+    write_result(args.results, "precision-seeds", f"{args.seeds} seeds:\n\n{table(results)}", argv,
+                 "benchmarks.precision_seeds")
 
 
 if __name__ == "__main__":

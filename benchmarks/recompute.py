@@ -18,6 +18,7 @@ import argparse
 import sys
 
 import remat
+from benchmarks.results import add_results_argument, write_result
 
 MIB = 2**20
 
@@ -68,7 +69,12 @@ def table(found: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     remat.keep_freed_memory()  # before JAX starts its threads
-    print(table(rows(sys.argv[1:] if argv is None else argv)))
+    own = argparse.ArgumentParser(add_help=False)
+    add_results_argument(own)
+    args, plan_flags = own.parse_known_args(sys.argv[1:] if argv is None else argv)
+    found = table(rows(plan_flags))
+    print(found)
+    write_result(args.results, "recompute", found, argv, "benchmarks.recompute")
     return 0
 
 

@@ -38,6 +38,7 @@ from typing import Any
 
 from benchmarks import frontier, report
 from benchmarks.cases import JAX_VARIANTS, MODELS, NAMES_POLICY, SIZES, TORCH_VARIANTS, Sizes
+from benchmarks.results import add_results_argument, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -317,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="workers compiling at once (timing is exclusive)")
     ap.add_argument("--frontier", action="store_true",
                     help="the Pareto frontiers against torch.compile (depths 8 and 16; frontier.md, frontier.png)")
+    add_results_argument(ap)
     args = ap.parse_args(argv)
     sizes = SIZES["tiny" if args.tiny else "quick" if args.quick else "full"]
     models = tuple(m for m in args.models.split(",") if m)
@@ -328,7 +330,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--steps must be at least 1")
     data = run_benchmark(sizes, args.out, models=models, depths=depths, jobs=args.jobs, steps=args.steps,
                          log=lambda s: print(s, flush=True), frontier_run=args.frontier)
-    print((Path(args.out) / ("frontier.md" if args.frontier else "results.md")).read_text())
+    shown = (Path(args.out) / ("frontier.md" if args.frontier else "results.md")).read_text()
+    print(shown)
+    if not args.tiny:  # tiny sizes are the tests' smoke runs, not a result
+        name = ("frontier" if args.frontier else "run") + ("-quick" if args.quick else "")
+        write_result(args.results, name, shown, argv, "benchmarks.run")
     return 1 if data["meta"]["failures"] else 0
 
 

@@ -14,6 +14,7 @@ import jax
 
 from benchmarks.cases import SIZES, build
 from benchmarks.jax_programs import jax_inputs, jax_loss
+from benchmarks.results import add_results_argument, write_result
 
 MiB = 2**20
 SCHEDULES = ("flat", "8 groups", "4 groups", "2 groups", "binomial(levels=1)", "binomial(levels=2)")
@@ -40,14 +41,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depth", type=int, default=16)
     parser.add_argument("--models", default="transformer,mlp")
     parser.add_argument("--sizes", default="quick", choices=sorted(SIZES))
+    add_results_argument(parser)
     args = parser.parse_args(argv)
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, {args.depth} blocks, compiled temp MiB")
-    print("| model | policy | " + " | ".join(SCHEDULES) + " |")
-    print("|---" * (len(SCHEDULES) + 2) + "|")
+    lines = ["| model | policy | " + " | ".join(SCHEDULES) + " |", "|---" * (len(SCHEDULES) + 2) + "|"]
+    print("\n".join(lines))
     for model in args.models.split(","):
         for policy, row in measure(model, args.depth, args.sizes).items():
             cells = [f"{row[s]:.1f}" if s in row else "-" for s in SCHEDULES]
-            print(f"| {model} | {policy} | " + " | ".join(cells) + " |", flush=True)
+            lines.append(f"| {model} | {policy} | " + " | ".join(cells) + " |")
+            print(lines[-1], flush=True)
+    if args.sizes != "tiny":  # tiny sizes are the tests' smoke runs, not a result
+        write_result(args.results, "scan-schedules", f"{args.depth} blocks, compiled temp MiB:\n\n" + "\n".join(lines),
+                     argv, "benchmarks.scan_schedules")
     return 0
 
 

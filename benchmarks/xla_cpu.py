@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 import remat
+from benchmarks.results import add_results_argument, write_result
 from remat.analysis import compiled_memory
 
 MiB = 2**20
@@ -115,9 +116,13 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(prog="python -m benchmarks.xla_cpu", description=__doc__.split("\n")[0]).parse_args(argv)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.xla_cpu", description=__doc__.split("\n")[0])
+    add_results_argument(parser)
+    args = parser.parse_args(argv)
     print(f"jax {jax.__version__}, backend {jax.default_backend()}")
-    print(markdown(measure()))
+    table = markdown(measure())
+    print(table)
+    write_result(args.results, "xla-cpu", table, argv, "benchmarks.xla_cpu")
     return 0
 
 

@@ -142,7 +142,7 @@ def softmax_like_torch(scores: Any, where: Any = None) -> Any:
 def silu_like_torch(x: Any) -> Any:
     """``x * sigmoid(x)`` computed in float32 (or wider) and rounded once, keeping only ``x`` for the
     backward, as torch's CPU ``silu`` and ``silu_backward`` do on bfloat16: ``jax.nn.silu`` in
-    bfloat16 rounds the sigmoid and the product (forward 1.6x, backward 2.3x PyTorch's error)."""
+    bfloat16 rounds the sigmoid and the product (further from the truth than PyTorch, docs/crosscheck.md)."""
     return _silu_fwd(x)[0]
 
 

@@ -142,12 +142,12 @@ def init_model(cls: Any, config: Any, seed: int) -> Any:
     """``cls(config, rngs=nnx.Rngs(seed))``, initialised in one compiled program.
 
     Under ``jax.jit`` (one compilation instead of one per parameter shape) and with JAX's
-    non-partitionable threefry: on XLA:CPU (jax 0.10) the partitionable one takes 10-20 s
-    to compile a normal draw of one 4-D conv-kernel shape, the other about 1 s. Both only
+    non-partitionable threefry: on XLA:CPU (jax 0.10) the partitionable one compiles a normal
+    draw of a 4-D conv-kernel shape many times slower (docs/design.md). Both only
     change which random initial weights are drawn. ``jax.jit`` of the state, not
     ``nnx.jit``: an ``nnx.jit`` wrapper is a reference cycle, so its compiled program
     would be freed by whichever later full garbage collection finds it, inside whatever
-    the caller times next (a plan, say: docs/planner.md), instead of on return.
+    the caller times next (a plan, say: CHANGELOG.md), instead of on return.
     """
     import jax
     from flax import nnx

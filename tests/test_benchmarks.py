@@ -345,3 +345,24 @@ def test_recompute_prices_beside_measured_steps():
     assert found["nothing"]["kept_bytes"] < found["dots"]["kept_bytes"]
     assert all(r["step_ms"] > 0 for r in found.values())
     assert table(list(found.values())).count("\n") == len(found) + 1
+
+
+def test_a_result_file_says_how_it_was_made(tmp_path, monkeypatch):
+    from benchmarks import results
+
+    monkeypatch.setattr(results, "README", tmp_path / "README.md")  # the real README is left alone
+    (tmp_path / "README.md").write_text("a\n<!-- result: docs/results/x.md -->\nold\n<!-- end result -->\n")
+    path = results.write_result(str(tmp_path), "x", "| a |\n|---|\n| 1 |\n", ["--quick"], "benchmarks.x")
+    assert path == tmp_path / "x.md"
+    head, body = path.read_text().split("\n\n", 1)
+    assert body == "| a |\n|---|\n| 1 |\n"
+    fields = dict(line.rstrip().split(": ", 1) for line in head.splitlines())
+    assert fields["Command"] == "`python -m benchmarks.x --quick`"
+    assert fields["Commit"].strip("`") == results.COMMIT_AT_START
+    assert "cores" in fields["Machine"] and "jax " in fields["Machine"]
+    assert results.write_result("", "x", "| b |\n", []) is None
+    # the README's copy names docs/results/x.md, which is not this file: it is left as it was
+    assert "old" in (tmp_path / "README.md").read_text()
+    copy = "<!-- result: docs/results/plans-quick.md -->\nold\n<!-- end result -->"
+    assert results.readme_with_results(copy) == copy.replace(
+        "old\n", results.body(results.RESULTS_DIR / "plans-quick.md"))

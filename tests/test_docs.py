@@ -9,14 +9,25 @@ What a fence's language says (``tests/test_docs.py`` checks that every fence say
 * ``<!-- slow: the reason -->`` right above a ```` ```python ```` block: that block and the
   rest of its page run only with ``-m slow`` (the blocks above it run in the default suite).
 * any other language (``text``, ``bash``, ...) is not Python and does not run.
+* ``expression  # -> value`` in a block that runs: the run asserts ``expression == value``,
+  so a result shown in a comment is the one the code returns. A trailing comment that
+  reads like a result (a literal, ``==``) must use that form.
+
+The pages themselves state what is: no commit hash or clock time outside the result files
+(``docs/results/``) and the changelog, and ``docs/api/index.md`` lists every public name
+(``python docs/gen_api.py`` regenerates it).
 
 A page whose examples import PyTorch or ``transformers`` is skipped, saying so, where they
 are not installed (the ``torch`` and ``hf`` extras).
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
+import io
 import re
+import subprocess
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -81,7 +92,7 @@ def _run(page: Path, *, slow: bool, tmp_path, monkeypatch) -> int:
             continue
         if fence.note == "slow" and not slow:
             break  # the rest of the page may use what this block defines
-        code = "\n" * (fence.line - 1) + fence.code  # tracebacks name the page's own lines
+        code = "\n" * (fence.line - 1) + with_result_checks(fence.code, f"{_page_id(page)}:{fence.line}")
         try:
             exec(compile(code, str(page), "exec"), namespace)
         except ModuleNotFoundError as error:
@@ -90,6 +101,61 @@ def _run(page: Path, *, slow: bool, tmp_path, monkeypatch) -> int:
             raise
         ran += 1
     return ran
+
+
+_RESULT = re.compile(r"^(?P<indent>\s*)(?P<expression>\S.*?)\s*#\s*->\s*(?P<value>.+?)\s*$")
+# a trailing comment that shows a value: a literal or a comparison, not words
+_LOOKS_LIKE_A_RESULT = re.compile(r"#\s*([\[({'\"0-9-]|True\b|False\b|None\b|==)")
+
+
+def with_result_checks(code: str, where: str) -> str:
+    """``code`` with each ``expression  # -> value`` line an assertion, on the same line
+    (tracebacks keep the page's line numbers)."""
+    lines = code.split("\n")
+    for i, line in enumerate(lines):
+        found = _RESULT.match(line)
+        if not found:
+            continue
+        expression, value = found.group("expression"), found.group("value")
+        ast.parse(expression, mode="eval")  # a SyntaxError here: '# ->' follows something not an expression
+        message = f"{where.rsplit(':', 1)[0]}:{int(where.rsplit(':', 1)[1]) + i}: {expression} is not {value}: "
+        lines[i] = (f"{found.group('indent')}assert ({expression}) == ({value}), "
+                    f"{message!r} + repr({expression})")
+    return "\n".join(lines)
+
+
+def _trailing_comments(code: str) -> list[tuple[int, str]]:
+    """(line, comment) of each comment that follows code on its line."""
+    found = []
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return found
+    for previous, token in zip(tokens, tokens[1:]):
+        if token.type == tokenize.COMMENT and previous.end[0] == token.start[0] and previous.type not in (
+                tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+            found.append((token.start[0], token.string))
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
+def test_result_comments_are_checked(page):
+    for fence in fences(page):
+        if fence.language != "python":
+            continue
+        for line, comment in _trailing_comments(fence.code):
+            if _LOOKS_LIKE_A_RESULT.match(comment) and not comment.lstrip("# ").startswith("->"):
+                raise AssertionError(f"{_page_id(page)}:{fence.line + line - 1}: {comment!r} shows a result; "
+                                     "write it '# -> value' so that the run asserts it")
+
+
+def test_result_comments_become_assertions():
+    code = "x = [1, 2]\nlen(x)  # -> 2\nx  # -> [1, 3]\n"
+    checked = with_result_checks(code, "page.md:5")
+    namespace: dict = {}
+    with pytest.raises(AssertionError, match=r"page.md:7: x is not \[1, 3\]: \[1, 2\]"):
+        exec(checked, namespace)
+    assert checked.count("\n") == code.count("\n") and namespace["x"] == [1, 2]
 
 
 def _has_slow_block(page: Path) -> bool:
@@ -121,3 +187,69 @@ def test_the_conventions_are_seen(tmp_path):
         ("py", 3, "skip", "two columns"), ("python", 6, None, ""),
         ("python", 10, "slow", "compiles a lot"), ("text", 13, None, ""),
     ]
+
+
+# Pages that hold provenance by design: the result files a benchmark writes, and the changelog
+# (docs/changelog.md only includes CHANGELOG.md).
+_HISTORY = {"CHANGELOG.md", "docs/changelog.md"}
+_STATED_PAGES = [p for p in [*PAGES, ROOT / "CHANGELOG.md"]
+                 if _page_id(p) not in _HISTORY and not _page_id(p).startswith("docs/results/")]
+_CLOCK = re.compile(r"(?<![\d:.])(?:[01]?\d|2[0-3]):[0-5]\d(?![\d:])")
+_HEX = re.compile(r"(?<![\w/#.-])[0-9a-f]{7,40}(?![\w/-])")
+
+
+def _known_commits() -> set[str]:
+    try:
+        out = subprocess.run(["git", "rev-list", "--all"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return set()
+    return set(out.split())
+
+
+def _looks_like_a_commit(word: str, commits: set[str]) -> bool:
+    """A hex word of 7 to 40 digits that is a commit of this repository, or that mixes
+    letters and digits as abbreviated hashes do (a plain number or word is neither)."""
+    if any(c.startswith(word) for c in commits):
+        return True
+    return any(c.isdigit() for c in word) and any(c.isalpha() for c in word)
+
+
+@pytest.mark.parametrize("page", _STATED_PAGES, ids=_page_id)
+def test_pages_state_what_is_without_commits_or_clock_times(page):
+    commits = _known_commits()
+    problems = []
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        problems += [f"{_page_id(page)}:{number}: commit-like {m.group()!r}"
+                     for m in _HEX.finditer(line) if _looks_like_a_commit(m.group(), commits)]
+        problems += [f"{_page_id(page)}:{number}: clock time {m.group()!r}" for m in _CLOCK.finditer(line)]
+    assert not problems, ("history goes to CHANGELOG.md and measured runs to docs/results/:\n"
+                          + "\n".join(problems))
+
+
+def test_the_history_checks_see_what_they_look_for():
+    commits = {"03d9ac2aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}
+    words = [m.group() for m in _HEX.finditer("at commit 03d9ac2, bf9dccf and 1234567; deadbeef; #ffaa00")]
+    assert words == ["03d9ac2", "bf9dccf", "1234567", "deadbeef"]
+    assert [w for w in words if _looks_like_a_commit(w, commits)] == ["03d9ac2", "bf9dccf"]
+    assert [m.group() for m in _CLOCK.finditer("10:56–11:04, ratio 1:2, 2026-12-04, 1:30:00, 0.25:1")] == [
+        "10:56", "11:04"]
+
+
+def test_the_api_page_lists_every_public_name_once():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_api", ROOT / "docs" / "gen_api.py")
+    assert spec and spec.loader
+    gen_api = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen_api)
+    expected = [f"{module}.{name}" for module, names in gen_api.public_names().items() for name in names]
+    listed = re.findall(r"^\| `([\w.]+)` \|", gen_api.PAGE.read_text(), re.M)
+    stale = "docs/api/index.md is out of date: run python docs/gen_api.py"
+    assert len(set(expected)) == len(expected)
+    assert sorted(listed) == sorted(expected), stale
+
+
+def test_the_planner_page_states_the_algorithm_not_its_history():
+    # the algorithm, its constants and the included results fit in 350 lines; run history
+    # goes to CHANGELOG.md
+    assert len((ROOT / "docs" / "planner.md").read_text().splitlines()) <= 350

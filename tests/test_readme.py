@@ -35,9 +35,13 @@ def test_readme_is_the_front_page():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 200, "the README grew: move the new section into a page of docs/"
     linked = set(re.findall(r"\]\((docs/[^)#]+\.md)", readme))
-    pages = {str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md") if p.name != "index.md"}
+    # docs/results/ holds the benchmarks' result files, which the pages include; docs/changelog.md
+    # includes CHANGELOG.md, which the README links itself
+    pages = {str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")
+             if p.name != "index.md" and p.parent.name != "results" and p.name != "changelog.md"}
+    assert "](CHANGELOG.md)" in readme
     assert pages - linked == set(), "pages the README does not link"
-    assert linked - pages == set(), "README links to pages that do not exist"
+    assert all((ROOT / path).exists() for path in linked), "README links to pages that do not exist"
 
 
 def test_the_site_opens_with_the_readme():
@@ -47,3 +51,13 @@ def test_the_site_opens_with_the_readme():
     assert '--8<-- "README.md:front"' in index
     front = readme.split("--8<-- [start:front]", 1)[1].split("--8<-- [end:front]", 1)[0]
     assert _setup_commands()[1] in front and "## In one picture" in front
+
+
+def test_the_readme_copies_its_results_from_the_result_files():
+    from benchmarks.results import README_COPY, readme_with_results
+
+    text = (ROOT / "README.md").read_text()
+    copies = [m.group("path") for m in README_COPY.finditer(text)]
+    assert copies and all((ROOT / path).exists() for path in copies), copies
+    assert text == readme_with_results(text), (
+        "the README's result copies differ from docs/results/: run python -m benchmarks.results")

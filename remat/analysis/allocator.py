@@ -156,8 +156,7 @@ def keep_freed_memory() -> bool:
     # is made of 64 MiB heaps, which still map bigger blocks afresh and unmap freed
     # ones), no mmap for big blocks, and no trimming of the heap's top. M_TOP_PAD stays
     # at its default: a larger pad made the heap grow for more steps before blocks were
-    # reused (256 MiB: 6 faulting steps and a 1 GiB heap for a 128 MiB temp buffer;
-    # default: 2 steps, 357 MiB).
+    # reused, and the heap bigger (docs/memory.md).
     ok = libc.mallopt(_M_ARENA_MAX, 1) == 1
     ok &= libc.mallopt(_M_MMAP_MAX, 0) == 1
     ok &= libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1

@@ -7,11 +7,11 @@ In both, the JAX side's matmul and convolution modules accumulate in float32, ad
 bias there and round once (``preferred_element_type=float32``, then a cast), as torch's
 ``addmm`` and oneDNN's convolutions do: XLA would round ``x @ w`` to bfloat16 and then add
 the bias, a second rounding that flips the sign of small pre-activations and, through a
-ReLU, moved an MLP's input gradient 18x further from the truth than PyTorch's (docs/crosscheck.md).
+ReLU, moved an MLP's input gradient far further from the truth than PyTorch's (docs/crosscheck.md).
 Normalisation modules compute in float32 and return their input's dtype, as torch's CPU
 kernels do: in bfloat16, JAX's gradient of a broadcast (a BatchNorm's scale and shift over
-``N*H*W`` positions) is a sum accumulated in bfloat16, 4x further from the truth than
-torch's float32 accumulation on the CNN's BatchNorm gradients.
+``N*H*W`` positions) is a sum accumulated in bfloat16, further from the truth than
+torch's float32 accumulation on the CNN's BatchNorm gradients (docs/crosscheck.md).
 
 ``"mixed"``: float32 parameters, bfloat16 compute. PyTorch runs the forward under
 ``torch.autocast("cpu", dtype=torch.bfloat16)``, whose CPU rules are: matmuls

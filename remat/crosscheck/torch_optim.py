@@ -8,17 +8,18 @@ default: no ``foreach`` kernels there) decays first (``param.mul_(1 - lr * wd)``
 ``exp_avg.lerp_``, ``exp_avg_sq.mul_(b2).addcmul_``, ``denom = (exp_avg_sq.sqrt() / bc2_sqrt)
 .add_(eps)`` and ``param.addcdiv_(exp_avg, denom, value=-lr / bc1)``, each op computing in
 float32 from float32 scalars and rounding once to the tensor's dtype. Given the same
-bfloat16 gradients, optax's AdamW lands on a different bfloat16 value in 27-40% of the
-entries. :func:`from_torch` builds the transformation that does torch's ops in torch's
+bfloat16 gradients, optax's AdamW lands on a different bfloat16 value in many of the
+entries (docs/crosscheck.md has the figures).
+:func:`from_torch` builds the transformation that does torch's ops in torch's
 order, so that the cross-check's two runs differ only by what the models compute.
 
 The updates it returns are float32 differences ``new - old`` of values already rounded to
 the parameter's dtype, so ``optax.apply_updates`` (``p + u`` in float32, cast back) lands
 on torch's value exactly for bfloat16 parameters. SGD (with momentum, Nesterov) then
-matches torch bit for bit; Adam(W) in all but about 1 entry in 2000, because torch's
-float32 ``sqrt`` on CPU is not correctly rounded (an ulp off in about a fifth of the
-entries) and XLA's is. On float32 parameters (mixed precision) over 90% of the entries
-are equal and the rest within 2 float32 ulps (tests/test_torch_optim.py).
+matches torch bit for bit; Adam(W) in all but a few entries, because torch's float32
+``sqrt`` on CPU is not correctly rounded and XLA's is. On float32 parameters (mixed
+precision) most entries are equal and the rest within 2 float32 ulps
+(tests/test_torch_optim.py; docs/crosscheck.md has the figures).
 """
 from __future__ import annotations
 

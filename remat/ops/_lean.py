@@ -129,7 +129,7 @@ _SQRT_HALF = math.sqrt(0.5)
 
 def _gelu_value(x: jax.Array, approximate: bool) -> jax.Array:
     # computed in float32 for a half-precision x and rounded once, as PyTorch's kernel does (in
-    # bfloat16 each of erf, the product and the sum rounded: 1.2x PyTorch's error, docs/crosscheck.md)
+    # bfloat16 each of erf, the product and the sum rounded: more error than PyTorch's, docs/crosscheck.md)
     xf = x.astype(_compute_dtype(x.dtype))
     if approximate:
         return jax.nn.gelu(xf, approximate=True).astype(x.dtype)

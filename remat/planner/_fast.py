@@ -19,7 +19,7 @@ from remat.planner.steering import NONE, _Survey
 
 #: How far under XLA's temp bytes the model's prediction for an assignment may be: a
 #: buffer predicted just under glibc's mmap threshold can compile just over it
-#: (docs/planner.md, "The default search", step 3).
+#: (docs/planner.md, "The constants, and why each is what it is").
 TEMP_ERROR = 0.1
 #: Rounds of confirming compiles; after each round that finds nothing that fits, the
 #: next two assignments down the model's front compile.
@@ -250,13 +250,13 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
 REPICK = 0.02
 #: How much faster (predicted) than what fits an assignment that keeps more must be for the
 #: climb (:func:`_climbed`) to compile it: less than :data:`REPICK`, because the time model
-#: under-prices what keeping more saves (the attention output's, docs/planner.md, step 1's
-#: table), and the climb uses room the pick left unused.
+#: under-prices what keeping more saves (the attention output's, docs/planner.md, "The time
+#: model against measured steps"), and the climb uses room the pick left unused.
 CLIMB = 0.01
 
 
 #: The compiled temp bytes per byte of predicted peak the first pick is hedged for
-#: (:func:`_hedged`; what the built-in models measured is in docs/planner.md, step 4).
+#: (:func:`_hedged`; what the built-in models measured is in docs/planner.md, the constants' table).
 HEDGE_SCALES = (1.0, 1.25, 1.5, 1.75, 2.0)
 
 
@@ -408,8 +408,8 @@ def _signature(model: RegionModel, a: Assignment) -> tuple[RegionOption, ...]:
 def _other(model: RegionModel, bound: float, best: Assignment) -> Assignment | None:
     """The fastest assignment within ``bound`` that never uses the policy ``best`` puts on
     most regions: a second opinion where the time model is least sure (predicted recompute
-    times of two policies within a few percent measured 10-30% apart on the benchmark's
-    transformer), timed beside ``best``."""
+    times of two policies within a few percent have measured far apart on the benchmark's
+    transformer, docs/planner.md), timed beside ``best``."""
     used = [j for j in best.choice if j != 0]  # option 0 is NONE
     if not used:
         return None

@@ -145,8 +145,8 @@ def plan(
 
 def _mixed(search: CandidateSearch, pool: list[PlanCandidate], n: int, limit: int) -> list[PlanCandidate]:
     """The mixed assignments (:mod:`remat.planner._mixed`) predicted fastest, compiled to
-    confirm whatever the uniform candidates' predictions (XLA's cost analysis misjudged the
-    benchmark's transformer by 30%, see docs/benchmarks.md); then, for each, one region
+    confirm whatever the uniform candidates' predictions (XLA's cost analysis has misjudged
+    the benchmark's transformer); then, for each, one region
     more of the lean policy where it did not fit, or one fewer where it did."""
     proposals = mixed_specs(uniform_costs(pool, n), n, limit, float("inf"))
     first = search.evaluate_many([spec for spec, _, _ in proposals])
@@ -181,7 +181,7 @@ def _choose(fitting: list[PlanCandidate], measured: bool) -> PlanCandidate | Non
     within 1% of the least temp memory); among equally fast ones, the fewest residual bytes.
     Chosen by predicted time, the candidates within :data:`PREDICTED_TIE` of the fastest
     tie, and the one with the least temp memory is chosen (so that a budget sweep sharing
-    ``cache=`` does not trade memory for a predicted 0.3%)."""
+    ``cache=`` does not trade memory for a predicted gain within the tie)."""
     if not fitting:
         return None
     if measured:

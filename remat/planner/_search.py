@@ -48,7 +48,7 @@ class CandidateSearch:
         self.ceiling: float | None = None  # temp bytes above which a candidate is not compiled
         self.least = float("inf")  # the least temp memory compiled so far
         # compiled temp bytes per residual byte, at most 1: XLA may fuse cheap residuals into
-        # their consumers (jax.nn's GELU keeps 1.9x more than the un-checkpointed temp buffer)
+        # their consumers (jax.nn's GELU keeps more than the un-checkpointed temp buffer holds)
         self.folded = 1.0
         self.compiles = 0  # programs compiled by this search
         self.none: PlanCandidate | None = None  # the un-checkpointed step, compiled
