@@ -18,7 +18,7 @@ from typing import Any
 
 import jax
 
-from remat.analysis.explanation import explain
+from remat.explainer.explanation import explain
 
 # (registry name, policy, sizes): the README's profile sizes for the transformer
 CASES: tuple[tuple[str, str, dict[str, int]], ...] = (

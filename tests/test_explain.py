@@ -20,8 +20,8 @@ import pytest
 from flax import nnx
 
 import remat
-from remat.analysis.explanation import KINDS, explain
 from remat.cli import main
+from remat.explainer.explanation import KINDS, explain
 
 HERE = os.path.basename(__file__)
 
@@ -186,7 +186,7 @@ def test_a_function_without_backward_pass_has_no_residuals():
 
 
 def test_explaining_leaves_the_program_as_it_was(capsys, monkeypatch):
-    import remat.analysis.explanation as module
+    import remat.explainer.explanation as module
 
     monkeypatch.setattr(module, "PROGRESS_AFTER_S", 0.0)
     before_env, before_call = dict(os.environ), Block.__call__

@@ -30,12 +30,12 @@ from typing import Any
 import jax
 
 from remat._core.residuals import format_bytes
-from remat.analysis import _regions
-from remat.analysis._attribution import KINDS, Attributor, PeakBuffer
-from remat.analysis._module_names import module_of, module_scopes
-from remat.analysis._xla_buffers import compile_with_buffer_assignment
 from remat.analysis.compiled import CompiledMemory
-from remat.analysis.timeline import HeapTimeline
+from remat.explainer import _region_residuals
+from remat.explainer._attribution import KINDS, Attributor, PeakBuffer
+from remat.explainer._module_names import module_of, module_scopes
+from remat.explainer._xla_buffers import compile_with_buffer_assignment
+from remat.explainer.timeline import HeapTimeline
 
 __all__ = ["KINDS", "ExplainReport", "PeakBuffer", "explain", "saved_bytes_by_module"]
 
@@ -118,14 +118,14 @@ class ExplainReport:
 
     def plot(self, path: str, *, top: int = 5, title: str | None = None) -> str:
         """Writes the timeline: live temp bytes per step, the peak, the backward pass, the largest buffers."""
-        from remat.analysis._trace_files import plot_timeline
+        from remat.explainer._trace_files import plot_timeline
 
         return plot_timeline(self, path, top=top, title=title)
 
     def to_trace(self, path: str) -> str:
         """Writes the timeline for a viewer: ``.json`` Chrome/Perfetto trace events, ``.pickle``
         PyTorch's memory snapshot (open it at https://pytorch.org/memory_viz)."""
-        from remat.analysis._trace_files import write_trace
+        from remat.explainer._trace_files import write_trace
 
         return write_trace(self, path)
 
@@ -232,10 +232,10 @@ def explain(fn: Callable, *args: Any, **kwargs: Any) -> ExplainReport:
     compile_s = time.perf_counter() - progress.started
     memory = CompiledMemory.from_compiled(compiled)
 
-    from remat.analysis.timeline import heap_timeline
+    from remat.explainer.timeline import heap_timeline
 
     timeline = heap_timeline(program)
-    regions = _regions.regions(traced.jaxpr)
+    regions = _region_residuals.regions(traced.jaxpr)
     output_paths = [jax.tree_util.keystr(path) for path, _ in
                     jax.tree_util.tree_flatten_with_path(traced.out_info)[0]]
     attributor = Attributor(program, timeline, regions, _first_argument(fn), output_paths)
@@ -243,7 +243,7 @@ def explain(fn: Callable, *args: Any, **kwargs: Any) -> ExplainReport:
     temp = memory.temp_bytes
     attributed = sum(b.bytes for b in buffers if b.allocation == "temp" and (b.source or b.module))
     labels = {o.buffer_id: attributor.temp_buffer(o.buffer_id, o.start, o.end, o.size) for o in timeline.occupancies}
-    warnings = _regions.policy_warnings(regions)
+    warnings = _region_residuals.policy_warnings(regions)
     warnings += _saves_nothing(attributor, labels)
     warnings += _largest_residual_unchecked(buffers, regions)
     region_rows = [{"region": r.label, "policy": r.policy, "source": r.source,
@@ -303,7 +303,7 @@ def _saves_nothing(attributor: Attributor, labels: dict[int, PeakBuffer]) -> lis
             f"{format_bytes(max(peak_live, gap_live + restored))} without; fix: {fix}"]
 
 
-def _largest_residual_unchecked(buffers: list[PeakBuffer], regions: list[_regions.RegionInfo]) -> list[str]:
+def _largest_residual_unchecked(buffers: list[PeakBuffer], regions: list[_region_residuals.RegionInfo]) -> list[str]:
     """The largest residual at the peak comes from code no checkpointed region covers."""
     if not regions:
         return []
@@ -343,4 +343,4 @@ def saved_bytes_by_module(fn: Callable, *args: Any, **kwargs: Any) -> tuple[dict
 
     with module_scopes():
         jaxpr = jax.make_jaxpr(step)(*args, **kwargs)
-    return _regions.kept_bytes_by_module(jaxpr)
+    return _region_residuals.kept_bytes_by_module(jaxpr)

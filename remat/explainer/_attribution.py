@@ -1,11 +1,11 @@
 """Each byte of a compiled step's peak, attributed: kind, module, source line, region and rule.
 
 The inputs are one compiled program read with its buffer assignment
-(:class:`~remat.analysis._hlo_proto.HloProgram`), its temp buffer over time
-(:class:`~remat.analysis.timeline.HeapTimeline`) and the checkpointed regions of its
-jaxpr (:mod:`remat.analysis._regions`). Buffers are read through the metadata XLA keeps
+(:class:`~remat.explainer._hlo_proto.HloProgram`), its temp buffer over time
+(:class:`~remat.explainer.timeline.HeapTimeline`) and the checkpointed regions of its
+jaxpr (:mod:`remat.explainer._region_residuals`). Buffers are read through the metadata XLA keeps
 on the instruction that defines them: the op name (JAX's name stack, with the module
-paths :mod:`remat.analysis._module_names` put there) and the Python stack.
+paths :mod:`remat.explainer._module_names` put there) and the Python stack.
 """
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import dataclasses
 import re
 from typing import Any
 
-from remat.analysis._hlo_proto import HloProgram, Instruction
-from remat.analysis._module_names import module_of
-from remat.analysis._regions import RegionInfo, kept_index
-from remat.analysis._sources import format_source, user_frame
-from remat.analysis.timeline import HeapTimeline, split_forward_backward
+from remat.explainer._hlo_proto import HloProgram, Instruction
+from remat.explainer._module_names import module_of
+from remat.explainer._region_residuals import RegionInfo, kept_index
+from remat.explainer._sources import format_source, user_frame
+from remat.explainer.timeline import HeapTimeline, split_forward_backward
 
 KINDS = ("parameter", "optimizer state", "input", "residual", "recomputed value", "gradient", "other temporary")
 _OPTIMIZER_WORDS = re.compile(r"opt|(?<![a-z])(mu|nu|count)(?![a-z])", re.IGNORECASE)

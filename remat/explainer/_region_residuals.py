@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from remat import _jax as xb
-from remat.analysis._module_names import module_of
-from remat.analysis._sources import format_source, user_frame
+from remat.explainer._module_names import module_of
+from remat.explainer._sources import format_source, user_frame
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ import dataclasses
 import heapq
 from collections.abc import Callable
 
-from remat.analysis._hlo_proto import Allocation, HeapTrace, HloProgram
+from remat.explainer._hlo_proto import Allocation, HeapTrace, HloProgram
 
 
 @dataclasses.dataclass(frozen=True)
