@@ -55,6 +55,12 @@ class RegionInfo:
     order: int
     saveable_names: tuple[str, ...] = ()
     in_loop: bool = False  # inside a scan or while body: its kept values are stacked per iteration
+    recomputed: int = -1  # operations its backward pass recomputes (-1: not counted)
+
+    @property
+    def recomputes_nothing(self) -> bool:
+        """The policy keeps every value the backward pass needs: the checkpoint saves no memory."""
+        return self.recomputed == 0
 
     @property
     def policy_matches_nothing(self) -> bool:
@@ -160,6 +166,32 @@ def _look_through(eqn: Any, producers: dict) -> tuple[Any, str | None]:
     return eqn, name
 
 
+def _is_cotangent(v: Any, producers: dict) -> bool:
+    """An operand of a region's backward half that flows in from the backward pass (a literal: the seed)."""
+    if xb.is_literal(v):
+        return True
+    producer = producers.get(v)
+    return producer is not None and "transpose(" in xb.name_stack(producer)
+
+
+def recomputed_operations(eqn: Any, producers: dict) -> int:
+    """How many operations a region's backward half recomputes: those that read no cotangent.
+
+    Args:
+      eqn: the region's backward ``checkpoint`` equation (``differentiated=True``).
+      producers: the equation that makes each variable of the jaxpr around it.
+    """
+    inner = getattr(eqn.params["jaxpr"], "jaxpr", eqn.params["jaxpr"])
+    backward = {inner_var for outer, inner_var in zip(eqn.invars, inner.invars) if _is_cotangent(outer, producers)}
+    count = 0
+    for e in inner.eqns:
+        if any(not xb.is_literal(v) and v in backward for v in e.invars):
+            backward.update(e.outvars)
+        else:
+            count += 1
+    return count
+
+
 def _decides(policy: Any, eqn: Any) -> bool:
     try:
         decision = policy(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params)
@@ -209,7 +241,7 @@ def regions(closed_jaxpr: Any) -> list[RegionInfo]:
             names = tuple(dict.fromkeys(e.params["name"] for e in _eqns(inner)
                                         if e.primitive is xb.name_primitive()))
             found.append(RegionInfo(label, module, source, label_policy, tuple(kept), names, len(found), saveable,
-                                    in_loop))
+                                    in_loop, recomputed_operations(eqn, producers)))
     return found
 
 
@@ -224,9 +256,15 @@ def kept_index(infos: list[RegionInfo]) -> dict[tuple, list[tuple[RegionInfo, Ke
 
 
 def policy_warnings(infos: list[RegionInfo]) -> list[str]:
-    """A warning for each region whose policy keeps nothing in it (a misspelled name, say)."""
+    """A warning for each region whose policy keeps nothing in it (a misspelled name, say), and for
+    each whose policy keeps everything (it recomputes nothing, so its checkpoint saves nothing)."""
     out = []
     for info in infos:
+        if info.recomputes_nothing:
+            out.append(f"{info.label}: policy {info.policy} keeps every value its backward pass needs, so it "
+                       "recomputes nothing and the checkpoint saves no memory; fix: a policy that keeps less "
+                       "(policy='nothing', 'dots', names), or do not checkpoint it")
+            continue
         if not info.policy_matches_nothing:
             continue
         text = f"{info.label}: policy {info.policy} matches nothing in this region, so it keeps only its inputs"

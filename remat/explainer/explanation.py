@@ -51,7 +51,8 @@ class ExplainReport:
       peak_buffers: every buffer at the peak, largest first (:class:`PeakBuffer`): the
         temp buffer's live values and packing gaps, the arguments and the outputs.
       attributed_fraction: the share of ``temp_bytes`` given a source line or a module (a
-        packing gap counts for the value XLA placed there; alignment padding does not).
+        packing gap counts for the value XLA placed there, alignment padding for the value whose
+        slot it pads, bytes of a called computation's value for that value).
       warnings: mistakes found, each with its fix.
       memory: all of ``memory_analysis()`` (:class:`~remat.analysis.CompiledMemory`).
       regions: the checkpointed regions: label, policy, bytes kept.

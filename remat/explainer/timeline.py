@@ -14,7 +14,7 @@ import dataclasses
 import heapq
 from collections.abc import Callable
 
-from remat.explainer._hlo_proto import Allocation, HeapTrace, HloProgram
+from remat.explainer._hlo_proto import Allocation, HeapEvent, HeapTrace, HloProgram
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,12 +36,29 @@ class Occupancy:
 
 
 @dataclasses.dataclass(frozen=True)
+class Placement:
+    """A value XLA placed at ``offset`` of the temp buffer that its heap trace never names: a value
+    of a computation the program calls (a conditional's branch, say), whose steps are unknown."""
+
+    buffer_id: int
+    offset: int
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Gap:
-    """Bytes of the temp buffer free at the peak, and the value XLA packed there nearest in time."""
+    """Bytes of the temp buffer free at the peak, and the value XLA packed there nearest in time.
+
+    ``holder`` is None where no traced value ever held these bytes; ``placed`` is then the
+    untraced value XLA placed there or, for ``padding`` (bytes no value ever held, there for
+    alignment), the value placed right below whose slot they pad.
+    """
 
     offset: int
     size: int
     holder: Occupancy | None
+    placed: Placement | None = None
+    padding: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +71,7 @@ class HeapTimeline:
       occupancies: every value's stay in the temp buffer.
       step_buffers: the logical buffer each step allocates or frees.
       peak: the step where the packed buffer reaches its full size with the most bytes live.
+      untraced: the values placed in the temp buffer that the heap trace does not name.
     """
 
     size: int
@@ -61,6 +79,7 @@ class HeapTimeline:
     occupancies: tuple[Occupancy, ...]
     step_buffers: tuple[int, ...]
     peak: int
+    untraced: tuple[Placement, ...] = ()
 
     @property
     def steps(self) -> int:
@@ -105,8 +124,34 @@ class HeapTimeline:
             todo = rest
             if not todo:
                 break
-        pieces.extend(Gap(b, e - b, None) for b, e in todo)  # never used: alignment padding
+        for b, e in todo:
+            pieces.extend(self._split_by_placements(b, e))
         return pieces
+
+    def _split_by_placements(self, begin: int, end: int) -> list[Gap]:
+        """Cuts ``[begin, end)``, which no traced value ever held, by the untraced values placed there;
+        the rest is alignment padding, charged to the value placed right below it (whose slot it pads)."""
+        pieces: list[Gap] = []
+        position = begin
+        for placed in sorted(self.untraced, key=lambda p: (p.offset, -p.size)):
+            lo, hi = max(position, placed.offset), min(end, placed.offset + placed.size)
+            if lo >= hi:
+                continue
+            if lo > position:
+                pieces.append(self._padding(position, lo))
+            pieces.append(Gap(lo, hi - lo, None, placed))
+            position = hi
+        if position < end:
+            pieces.append(self._padding(position, end))
+        return pieces
+
+    def _padding(self, begin: int, end: int) -> Gap:
+        """Bytes no value ever held: XLA aligns each value's offset, so the slot of the value placed
+        right below them ends here."""
+        below = [p for p in (*self.untraced, *(Placement(o.buffer_id, o.offset, o.size) for o in self.occupancies))
+                 if p.offset + p.size <= begin]
+        padded = max(below, key=lambda p: p.offset + p.size, default=None)
+        return Gap(begin, end - begin, None, padded, padding=True)
 
 
 def temp_allocation(program: HloProgram) -> Allocation | None:
@@ -135,74 +180,100 @@ def heap_timeline(program: HloProgram) -> HeapTimeline:
     trace = _temp_trace(program, allocation) if allocation is not None else None
     if allocation is None or trace is None:
         return HeapTimeline(allocation.size if allocation else 0, (), (), (), 0)
-    placed = {b: (offset, size) for b, offset, size in allocation.assigned}
-    group: dict[int, int] = {}  # buffer -> canonical buffer whose bytes it uses
-    members: dict[int, set[int]] = {}
-    current: dict[int, tuple[int, int]] = {}  # canonical -> (buffer now holding its bytes, since step)
-    occupancies: list[Occupancy] = []
-    live = 0
-    ends: list[tuple[int, int]] = []  # (-end offset, canonical): the top of the packed buffer, lazily
-    live_bytes: list[int] = []
-    best = (-1, -1, 0)
+    replay = _Replay(program, allocation, trace)
+    for step, event in enumerate(trace.events):
+        replay.step(step, event)
+    return replay.timeline()
 
-    def close(canonical: int, step: int) -> None:
-        buffer, since = current.pop(canonical)
-        offset, _ = placed.get(canonical, (0, 0))
-        occupancies.append(Occupancy(buffer, offset, _size(canonical), since, step))
 
-    def _size(canonical: int) -> int:
-        return placed.get(canonical, (0, program.buffers[canonical].size))[1]
+class _Replay:
+    """The state of one replay of a heap trace: which values hold which bytes, step by step."""
 
-    reused: dict[int, int] = {}  # freed canonical -> the buffer that took its bytes over
+    def __init__(self, program: HloProgram, allocation: Allocation, trace: HeapTrace):
+        self.program, self.allocation, self.trace = program, allocation, trace
+        self.placed = {b: (offset, size) for b, offset, size in allocation.assigned}
+        self.group: dict[int, int] = {}  # buffer -> canonical buffer whose bytes it uses
+        self.members: dict[int, set[int]] = {}
+        self.current: dict[int, tuple[int, int]] = {}  # canonical -> (buffer now holding its bytes, since step)
+        self.reused: dict[int, int] = {}  # freed canonical -> the buffer that took its bytes over
+        self.occupancies: list[Occupancy] = []
+        self.live = 0
+        self.ends: list[tuple[int, int]] = []  # (-end offset, canonical): the top of the packed buffer, lazily
+        self.live_bytes: list[int] = []
+        self.best = (-1, -1, 0)  # (top, live, step) of the peak so far
 
-    def holder_group(buffer: int) -> int | None:
+    def _size(self, canonical: int) -> int:
+        return self.placed.get(canonical, (0, self.program.buffers[canonical].size))[1]
+
+    def _close(self, canonical: int, step: int) -> None:
+        buffer, since = self.current.pop(canonical)
+        offset, _ = self.placed.get(canonical, (0, 0))
+        self.occupancies.append(Occupancy(buffer, offset, self._size(canonical), since, step))
+
+    def _holder_group(self, buffer: int) -> int | None:
         """The live group holding ``buffer``'s bytes (following bytes freed and taken over)."""
-        for _ in range(len(trace.events)):
-            canonical = group.get(buffer)
-            if canonical is not None and members.get(canonical):
+        for _ in range(len(self.trace.events)):
+            canonical = self.group.get(buffer)
+            if canonical is not None and self.members.get(canonical):
                 return canonical
-            if buffer not in reused:
+            if buffer not in self.reused:
                 return None
-            buffer = reused[buffer]
+            buffer = self.reused[buffer]
         return None
 
-    for step, event in enumerate(trace.events):
-        if event.buffer_id not in placed and event.buffer_id not in group and event.kind != "share":
-            live_bytes.append(live)
-            continue
-        canonical = holder_group(event.share_with) if event.kind == "share" else None
+    def step(self, step: int, event: HeapEvent) -> None:
+        if event.buffer_id not in self.placed and event.buffer_id not in self.group and event.kind != "share":
+            self.live_bytes.append(self.live)
+            return
+        canonical = self._holder_group(event.share_with) if event.kind == "share" else None
         if canonical is not None:
-            group[event.buffer_id] = canonical  # the same bytes as a live value (in place, or an alias)
-            members[canonical].add(event.buffer_id)
-            close(canonical, step)
-            current[canonical] = (event.buffer_id, step)
+            self._join(canonical, event.buffer_id, step)
         elif event.kind in ("alloc", "share"):
-            if event.kind == "share":
-                reused[event.share_with] = event.buffer_id  # takes over bytes just freed
-                if event.buffer_id not in placed and event.share_with in placed:
-                    placed[event.buffer_id] = placed[event.share_with]
-            group[event.buffer_id] = event.buffer_id
-            members[event.buffer_id] = {event.buffer_id}
-            current[event.buffer_id] = (event.buffer_id, step)
-            live += _size(event.buffer_id)
-            if event.buffer_id in placed:
-                heapq.heappush(ends, (-sum(placed[event.buffer_id]), event.buffer_id))
-        else:  # free
-            canonical = group.get(event.buffer_id, event.buffer_id)
-            members.get(canonical, set()).discard(event.buffer_id)
-            if canonical in current and not members.get(canonical):
-                close(canonical, step)
-                live -= _size(canonical)
-        while ends and ends[0][1] not in current:
-            heapq.heappop(ends)
-        top = -ends[0][0] if ends else 0
-        live_bytes.append(live)
-        if (top, live) > best[:2]:
-            best = (top, live, step)
-    for canonical in list(current):
-        close(canonical, len(trace.events))
-    return HeapTimeline(allocation.size, tuple(live_bytes), tuple(occupancies),
-                        tuple(e.buffer_id for e in trace.events), best[2])
+            self._allocate(event, step)
+        else:
+            self._free(event.buffer_id, step)
+        while self.ends and self.ends[0][1] not in self.current:
+            heapq.heappop(self.ends)
+        top = -self.ends[0][0] if self.ends else 0
+        self.live_bytes.append(self.live)
+        if (top, self.live) > self.best[:2]:
+            self.best = (top, self.live, step)
+
+    def _join(self, canonical: int, buffer: int, step: int) -> None:
+        """``buffer`` takes the same bytes as a live value (in place, or an alias)."""
+        self.group[buffer] = canonical
+        self.members[canonical].add(buffer)
+        self._close(canonical, step)
+        self.current[canonical] = (buffer, step)
+
+    def _allocate(self, event: HeapEvent, step: int) -> None:
+        buffer = event.buffer_id
+        if event.kind == "share":
+            self.reused[event.share_with] = buffer  # takes over bytes just freed
+            if buffer not in self.placed and event.share_with in self.placed:
+                self.placed[buffer] = self.placed[event.share_with]
+        self.group[buffer] = buffer
+        self.members[buffer] = {buffer}
+        self.current[buffer] = (buffer, step)
+        self.live += self._size(buffer)
+        if buffer in self.placed:
+            heapq.heappush(self.ends, (-sum(self.placed[buffer]), buffer))
+
+    def _free(self, buffer: int, step: int) -> None:
+        canonical = self.group.get(buffer, buffer)
+        self.members.get(canonical, set()).discard(buffer)
+        if canonical in self.current and not self.members.get(canonical):
+            self._close(canonical, step)
+            self.live -= self._size(canonical)
+
+    def timeline(self) -> HeapTimeline:
+        for canonical in list(self.current):
+            self._close(canonical, len(self.trace.events))
+        traced = {e.buffer_id for e in self.trace.events} | {e.share_with for e in self.trace.events}
+        untraced = tuple(Placement(b, offset, size) for b, offset, size in self.allocation.assigned
+                         if b not in traced and size > 0)
+        return HeapTimeline(self.allocation.size, tuple(self.live_bytes), tuple(self.occupancies),
+                            tuple(e.buffer_id for e in self.trace.events), self.best[2], untraced)
 
 
 def split_forward_backward(is_backward: Callable[[int], bool | None], steps: int) -> int | None:
