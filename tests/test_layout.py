@@ -191,7 +191,8 @@ def test_one_name_for_each_thing_no_shims():
     for module, name in [(remat.policies, "budget"), (remat.policies, "Budget"), (remat.scan, "resolve_policy_spec"),
                          (remat.scan, "_capacity"), (remat, "budget"), (remat, "memory")]:
         assert not hasattr(module, name), (module.__name__, name)
-    for package in ("remat", "remat.policies", "remat.scan", "remat.analysis", "remat.ops", "remat.crosscheck"):
+    for package in ("remat", "remat.policies", "remat.scan", "remat.analysis", "remat.explainer", "remat.ops",
+                    "remat.crosscheck"):
         exported = importlib.import_module(package).__all__
         assert not [n for n in exported if n.startswith("_")], package
 
@@ -215,3 +216,21 @@ def test_the_type_checking_imports_and_the_lazy_exports_name_the_same_objects():
     assert remat.__all__ == sorted(remat._EXPORTS)
     for name in remat.__all__:
         assert getattr(remat, name) is not None
+
+
+def test_the_measuring_and_explaining_surfaces_name_what_a_user_calls_and_reads():
+    """remat.analysis keeps the measurements and their results; helpers live in their modules, the
+    explainer in remat.explainer, and each function once (``rematerialized``, not ``with_policy``)."""
+    import remat.analysis
+    import remat.explainer
+
+    assert sorted(remat.analysis.__all__) == [
+        "CompiledMemory", "CompiledStep", "PeakRSS", "PolicyComparison", "PolicyResult", "RSSMeasurement",
+        "Residual", "ResidualReport", "Timings", "compare_policies", "compiled_memory", "compiled_step",
+        "peak_rss_bytes", "peak_rss_during", "saved_residuals", "time_programs"]
+    assert sorted(remat.explainer.__all__) == ["ExplainReport", "KINDS", "PeakBuffer", "explain"]
+    for gone in ("with_policy", "explain", "format_bytes", "names_in_jaxpr", "current_rss_bytes"):
+        assert not hasattr(remat.analysis, gone), gone
+    for gone in ("saved_residuals", "compiled_memory", "compare_policies", "peak_rss_bytes"):
+        assert gone not in remat.__all__ and not hasattr(remat, gone), gone  # remat.analysis.<name>
+    assert remat.explain is remat.explainer.explain
