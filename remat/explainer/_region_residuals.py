@@ -10,7 +10,6 @@ carry the same metadata, can be told which region and which policy rule kept the
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -253,33 +252,6 @@ def kept_index(infos: list[RegionInfo]) -> dict[tuple, list[tuple[RegionInfo, Ke
             index.setdefault((k.module, k.source, k.nbytes), []).append((info, k))
             index.setdefault((None, k.source, k.nbytes), []).append((info, k))
     return index
-
-
-def policy_warnings(infos: list[RegionInfo]) -> list[str]:
-    """A warning for each region whose policy keeps nothing in it (a misspelled name, say), and for
-    each whose policy keeps everything (it recomputes nothing, so its checkpoint saves nothing)."""
-    out = []
-    for info in infos:
-        if info.recomputes_nothing:
-            out.append(f"{info.label}: policy {info.policy} keeps every value its backward pass needs, so it "
-                       "recomputes nothing and the checkpoint saves no memory; fix: a policy that keeps less "
-                       "(policy='nothing', 'dots', names), or do not checkpoint it")
-            continue
-        if not info.policy_matches_nothing:
-            continue
-        text = f"{info.label}: policy {info.policy} matches nothing in this region, so it keeps only its inputs"
-        missing = [n for n in info.saveable_names if n not in info.names]
-        if missing and info.names:
-            guesses = {n: difflib.get_close_matches(n, info.names, n=1) for n in missing}
-            fixed = [guesses[n][0] if guesses.get(n) else n for n in info.saveable_names]
-            text += (f"; the names in it are {list(info.names)}"
-                     + (f"; fix: policy={fixed!r}" if fixed != list(info.saveable_names) else ""))
-        elif missing:
-            text += "; no value in it is tagged with remat.checkpoint_name"
-        else:
-            text += "; fix: policy='nothing' says the same, or pick a policy that matches its operations"
-        out.append(text)
-    return out
 
 
 def kept_bytes_by_module(closed_jaxpr: Any) -> tuple[dict[str | None, int], list[str]]:
