@@ -1,5 +1,8 @@
-"""The mistakes :func:`remat.explain` names, each with its fix: a region's policy that keeps nothing
-or everything, a checkpoint that does not lower the peak, the largest residual left unchecked."""
+"""The mistakes :func:`remat.explain` names, each with its fix.
+
+A region's policy that keeps nothing or everything, a checkpoint that does not lower the
+peak, the largest residual left unchecked.
+"""
 from __future__ import annotations
 
 import difflib
