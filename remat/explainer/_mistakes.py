@@ -30,10 +30,10 @@ def _policy_warnings(infos: list[RegionInfo]) -> list[str]:
     each whose policy keeps everything (it recomputes nothing, so its checkpoint saves nothing)."""
     out = []
     for info in infos:
-        if info.recomputes_nothing:
-            out.append(f"{info.label}: policy {info.policy} keeps every value its backward pass needs, so it "
-                       "recomputes nothing and the checkpoint saves no memory; fix: a policy that keeps less "
-                       "(policy='nothing', 'dots', names), or do not checkpoint it")
+        if info.keeps_everything:
+            out.append(f"{info.label}: policy {info.policy} keeps every value its backward pass needs (it "
+                       "recomputes nothing the policy would not keep), so the checkpoint saves no memory; fix: a "
+                       "policy that keeps less (policy='nothing', 'dots', names), or do not checkpoint it")
             continue
         if not info.policy_matches_nothing:
             continue

@@ -54,12 +54,7 @@ class RegionInfo:
     order: int
     saveable_names: tuple[str, ...] = ()
     in_loop: bool = False  # inside a scan or while body: its kept values are stacked per iteration
-    recomputed: int = -1  # operations its backward pass recomputes (-1: not counted)
-
-    @property
-    def recomputes_nothing(self) -> bool:
-        """The policy keeps every value the backward pass needs: the checkpoint saves no memory."""
-        return self.recomputed == 0
+    keeps_everything: bool = False  # its backward recomputes nothing its policy would not keep
 
     @property
     def policy_matches_nothing(self) -> bool:
@@ -173,8 +168,8 @@ def _is_cotangent(v: Any, producers: dict) -> bool:
     return producer is not None and "transpose(" in xb.name_stack(producer)
 
 
-def recomputed_operations(eqn: Any, producers: dict) -> int:
-    """How many operations a region's backward half recomputes: those that read no cotangent.
+def recomputed_operations(eqn: Any, producers: dict) -> list[Any]:
+    """The operations a region's backward half recomputes: those that read no cotangent.
 
     Args:
       eqn: the region's backward ``checkpoint`` equation (``differentiated=True``).
@@ -182,13 +177,19 @@ def recomputed_operations(eqn: Any, producers: dict) -> int:
     """
     inner = getattr(eqn.params["jaxpr"], "jaxpr", eqn.params["jaxpr"])
     backward = {inner_var for outer, inner_var in zip(eqn.invars, inner.invars) if _is_cotangent(outer, producers)}
-    count = 0
+    recomputed = []
     for e in inner.eqns:
         if any(not xb.is_literal(v) and v in backward for v in e.invars):
             backward.update(e.outvars)
         else:
-            count += 1
-    return count
+            recomputed.append(e)
+    return recomputed
+
+
+def keeps_everything(policy: Any, eqn: Any, producers: dict) -> bool:
+    """The region's backward recomputes nothing, or only what its policy would have kept (values JAX
+    does not save, such as a comparison's mask): its checkpoint saves no memory."""
+    return all(_decides(policy, e) for e in recomputed_operations(eqn, producers))
 
 
 def _decides(policy: Any, eqn: Any) -> bool:
@@ -240,7 +241,7 @@ def regions(closed_jaxpr: Any) -> list[RegionInfo]:
             names = tuple(dict.fromkeys(e.params["name"] for e in _eqns(inner)
                                         if e.primitive is xb.name_primitive()))
             found.append(RegionInfo(label, module, source, label_policy, tuple(kept), names, len(found), saveable,
-                                    in_loop, recomputed_operations(eqn, producers)))
+                                    in_loop, keeps_everything(policy, eqn, producers)))
     return found
 
 
