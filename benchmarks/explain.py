@@ -19,7 +19,7 @@ from typing import Any
 import jax
 
 from benchmarks.results import add_results_argument, write_result
-from remat.analysis.explanation import explain
+from remat.explainer.explanation import explain
 
 # (registry name, policy, sizes): the README's profile sizes for the transformer
 CASES: tuple[tuple[str, str, dict[str, int]], ...] = (

@@ -21,7 +21,7 @@ benchmarks (``benchmarks/plans.py``) get a model to train or to compile a step o
   it, otherwise the mean of the squared outputs.
 
 :func:`pure_step_loss` turns a task into a pure ``loss(params, inputs, targets)`` for the
-tools that compile whole training steps (:func:`remat.plan`, :func:`remat.compare_policies`).
+tools that compile whole training steps (:func:`remat.plan`, :func:`remat.analysis.compare_policies`).
 
 Example:
   >>> from remat.models.tasks import make_task, pure_step_loss

@@ -38,11 +38,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "analysis": ("remat.analysis", None),
     "scan": ("remat.scan", None),
     "ops": ("remat.ops", None),
-    "saved_residuals": ("remat.analysis", "saved_residuals"),
-    "compiled_memory": ("remat.analysis", "compiled_memory"),
-    "compare_policies": ("remat.analysis", "compare_policies"),
-    "explain": ("remat.analysis.explanation", "explain"),
-    "peak_rss_bytes": ("remat.analysis", "peak_rss_bytes"),
+    "explain": ("remat.explainer", "explain"),
     "scan_layers": ("remat.scan", "scan_layers"),
     "stack_nnx_layers": ("remat.scan", "stack_nnx_layers"),
     "scan_nnx_layers": ("remat.scan", "scan_nnx_layers"),
@@ -68,13 +64,9 @@ if TYPE_CHECKING:
     from remat._core.apply import remove_checkpointing as remove_checkpointing
     from remat._core.checkpoint import checkpoint as checkpoint
     from remat._core.sequential import checkpoint_sequential as checkpoint_sequential
-    from remat.analysis import compare_policies as compare_policies
-    from remat.analysis import compiled_memory as compiled_memory
-    from remat.analysis import peak_rss_bytes as peak_rss_bytes
-    from remat.analysis import saved_residuals as saved_residuals
     from remat.analysis.allocator import keep_freed_memory as keep_freed_memory
     from remat.analysis.budget import residual_budget as residual_budget
-    from remat.analysis.explanation import explain as explain
+    from remat.explainer import explain as explain
     from remat.planner import plan as plan
     from remat.policies import CheckpointPolicy as CheckpointPolicy
     from remat.scan import scan_layers as scan_layers

@@ -11,7 +11,7 @@ from conftest import assert_trees_close
 from flax import nnx
 
 import remat
-from remat._core.regions import SCALAR_VARIANTS_WARNING
+from remat._core.trace_cache import SCALAR_VARIANTS_WARNING
 
 
 class Counter:
@@ -306,7 +306,7 @@ def test_the_cache_holds_functions_weakly_as_jax_checkpoint_does():
     import gc
     import weakref
 
-    from remat._core.regions import REGIONS
+    from remat._core.trace_cache import REGIONS
 
     big = jnp.ones((64, 64))
 

@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 from jax.ad_checkpoint import checkpoint_name
 
+from remat._core.checkpoint import rematerialized
+from remat._core.residuals import format_bytes
 from remat.analysis import (
     CompiledMemory,
     ResidualReport,
     compare_policies,
     compiled_memory,
-    format_bytes,
     peak_rss_bytes,
     saved_residuals,
-    with_policy,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,7 +224,8 @@ def test_time_side_by_side_stays_the_planners_name():
 
 
 def test_peak_rss_during_sees_a_new_buffer():
-    from remat.analysis import current_rss_bytes, peak_rss_during
+    from remat.analysis import peak_rss_during
+    from remat.analysis.process import current_rss_bytes
 
     assert current_rss_bytes() > 0
     p = peak_rss_during(lambda: np.ones((2048, 2048), np.float32).sum())  # 16 MiB, touched
@@ -237,12 +238,12 @@ def test_compiled_memory_accepts_shape_dtype_structs():
     assert compiled_memory(tagged, spec, jax.ShapeDtypeStruct((4, 16), jnp.float32)).argument_bytes == 1280
 
 
-def test_with_policy():
+def test_rematerialized_under_each_policy_spelling():
     f = lambda w, x: jnp.sum(jnp.tanh(x @ w))  # noqa: E731
-    assert with_policy(f, "no_checkpoint") is f
-    r = saved_residuals(with_policy(f, "nothing"), W, X)
+    assert rematerialized(f, "no_checkpoint") is f
+    r = saved_residuals(rematerialized(f, "nothing"), W, X)
     assert r.residual_bytes == 0
-    r = saved_residuals(with_policy(f, "dots"), W, X)
+    r = saved_residuals(rematerialized(f, "dots"), W, X)
     assert [e.primitive for e in r if not e.is_argument] == ["dot_general"]
 
 
@@ -275,7 +276,7 @@ def test_importing_memory_is_light():
 
 def _mlp_factory(policy):
     # A factory: policy -> loss. Pre-LN MLP blocks, unrolled.
-    blk = with_policy(_pre_ln_block, policy)
+    blk = rematerialized(_pre_ln_block, policy)
 
     def loss(ps, x):
         for p in ps:

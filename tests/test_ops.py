@@ -67,14 +67,14 @@ def test_values_and_gradients_equal_reference(name, lean, reference):
 @pytest.mark.parametrize("name,lean,reference", UNARY, ids=IDS)
 def test_keeps_fewer_residual_bytes(name, lean, reference):
     x = _data()
-    lean_bytes = remat.saved_residuals(_weighted(lean), x).residual_bytes
-    ref_bytes = remat.saved_residuals(_weighted(reference), x).residual_bytes
+    lean_bytes = remat.analysis.saved_residuals(_weighted(lean), x).residual_bytes
+    ref_bytes = remat.analysis.saved_residuals(_weighted(reference), x).residual_bytes
     assert lean_bytes < ref_bytes, (name, lean_bytes, ref_bytes)
 
 
 def test_layer_norm_keeps_input_mean_and_rstd_only():
     x, scale, bias = _data(), jnp.ones(16), jnp.zeros(16)
-    report = remat.saved_residuals(lambda v, s, b: ops.layer_norm(v, s, b).sum(), x, scale, bias)
+    report = remat.analysis.saved_residuals(lambda v, s, b: ops.layer_norm(v, s, b).sum(), x, scale, bias)
     computed = sorted(tuple(r.shape) for r in report.residuals if not r.is_argument)
     assert computed == [(3, 5, 1), (3, 5, 1)]  # mean and 1/std; x, scale, bias are arguments
 

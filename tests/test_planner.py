@@ -165,7 +165,7 @@ def tagged_loss(ws, x):
 
 @pytest.mark.slow
 def test_plan_tries_the_checkpoint_names_the_step_tags():
-    from remat.analysis import checkpoint_names
+    from remat._core.residuals import checkpoint_names
 
     assert checkpoint_names(tagged_loss, WS, X) == ["hidden", "out"]
     p = plan(tagged_loss, WS, X, memory_budget=1.0, repeat=1, budget_fractions=(), exhaustive=True)

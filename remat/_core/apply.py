@@ -20,7 +20,7 @@ import jax
 from flax import nnx
 
 from remat._core import apply_linen, apply_nnx, hooks
-from remat._core.apply_regions import Applied, Path, Selector, take_entering_path
+from remat._core.apply_selected import Applied, Path, Selector, take_entering_path
 from remat._core.options import KEYWORDS, CheckpointOptions, normalize_options
 
 CheckFn = Callable[..., bool]

@@ -17,7 +17,7 @@ from typing import Any
 
 import flax.linen as nn
 
-from remat._core.apply_regions import (
+from remat._core.apply_selected import (
     REGION_PATH,
     Applied,
     Path,

@@ -12,7 +12,7 @@ from typing import Any
 
 from flax import nnx
 
-from remat._core.apply_regions import (
+from remat._core.apply_selected import (
     REGION_PATH,
     Applied,
     Path,

@@ -16,7 +16,7 @@ from remat._core import flax_adapters as _flax
 from remat._core.arguments import signature, split_call
 from remat._core.hooks import RegionChooser, current
 from remat._core.options import CheckpointOptions
-from remat._core.regions import ACTIVE_CALL, REGIONS, ActiveCall, Region
+from remat._core.trace_cache import ACTIVE_CALL, REGIONS, ActiveCall, Region
 
 __all__ = ["run_region"]
 

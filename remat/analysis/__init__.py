@@ -12,14 +12,13 @@ Three views, from cheapest to most honest:
   high-water mark of resident memory.
 
 :func:`compare_policies` puts residual bytes, compiled temp bytes and step time side by
-side for several checkpoint policies, and can plot them. :func:`explain` attributes every
-byte at the peak of one compiled step (kind, module, source line, region, policy rule).
+side for several checkpoint policies, and can plot them. :func:`remat.explain`
+(:mod:`remat.explainer`) attributes every byte at the peak of one compiled step.
 
 The measuring kernel every report of remat (and the benchmarks) goes through:
 :func:`compiled_step` (compile ``jit(grad(fn))`` once: executable and bytes),
 :func:`time_programs` (warm-up, interleaved rounds, medians) and the process-memory
-readers of :mod:`remat.analysis.process` (:func:`current_rss_bytes`,
-:func:`peak_rss_during`, :func:`process_peak_rss_bytes`).
+readers of :mod:`remat.analysis.process` (:func:`peak_rss_during`, and more in that module).
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -32,56 +31,27 @@ Example:
 """
 from __future__ import annotations
 
-from remat._core.residuals import (
-    Residual,
-    ResidualReport,
-    checkpoint_names,
-    format_bytes,
-    names_in_jaxpr,
-    saved_residuals,
-)
-from remat.analysis.compare import DEFAULT_POLICIES, PolicyComparison, PolicyResult, compare_policies, with_policy
+from remat._core.residuals import Residual, ResidualReport, saved_residuals
+from remat.analysis.compare import PolicyComparison, PolicyResult, compare_policies
 from remat.analysis.compiled import CompiledMemory, CompiledStep, compiled_memory, compiled_step
-from remat.analysis.explanation import ExplainReport, PeakBuffer, explain
-from remat.analysis.process import (
-    PeakRSS,
-    RSSMeasurement,
-    current_rss_bytes,
-    peak_rss_bytes,
-    peak_rss_during,
-    proc_status_bytes,
-    process_peak_rss_bytes,
-    reset_peak_rss,
-)
+from remat.analysis.process import PeakRSS, RSSMeasurement, peak_rss_bytes, peak_rss_during
 from remat.analysis.timing import Timings, time_programs
 
 __all__ = [
-    "DEFAULT_POLICIES",
     "CompiledMemory",
     "CompiledStep",
-    "ExplainReport",
-    "PolicyComparison",
-    "PeakBuffer",
     "PeakRSS",
+    "PolicyComparison",
     "PolicyResult",
     "RSSMeasurement",
     "Residual",
     "ResidualReport",
     "Timings",
-    "checkpoint_names",
     "compare_policies",
     "compiled_memory",
     "compiled_step",
-    "current_rss_bytes",
-    "explain",
-    "format_bytes",
-    "names_in_jaxpr",
     "peak_rss_bytes",
     "peak_rss_during",
-    "proc_status_bytes",
-    "process_peak_rss_bytes",
-    "reset_peak_rss",
     "saved_residuals",
     "time_programs",
-    "with_policy",
 ]

@@ -9,7 +9,6 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from remat._core.checkpoint import rematerialized
 from remat._core.residuals import format_bytes, saved_residuals
 from remat._names import POLICY_NAMES, is_no_checkpoint
 from remat.analysis.compiled import compiled_step
@@ -18,28 +17,6 @@ from remat.policies import policy_name
 
 #: Every named policy and no checkpoint, the order reports list them in.
 DEFAULT_POLICIES: tuple[str, ...] = POLICY_NAMES
-
-
-def with_policy(fn: Callable, policy: Any) -> Callable:
-    """``fn`` checkpointed under ``policy``; ``NO_CHECKPOINT`` means not checkpointed.
-
-    The helper a policy-parametrised model uses so :func:`compare_policies` can switch
-    checkpointing off as one of the options.
-
-    Args:
-      fn: a layer or block function.
-      policy: ``remat.policies.NO_CHECKPOINT`` (no checkpoint), or anything ``remat.policies.resolve_policy``
-        accepts: ``None``/``"nothing"``, ``"dots"``, ``"dots_no_batch"``,
-        ``"everything"``, a list of checkpoint names, or a callable JAX policy.
-
-    Returns:
-      ``fn`` itself for no checkpoint, else ``jax.checkpoint(fn, policy=...)``.
-
-    Example:
-      >>> import jax.numpy as jnp
-      >>> block = with_policy(lambda w, x: jnp.tanh(x @ w), "dots")
-    """
-    return rematerialized(fn, policy)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +167,7 @@ def compare_policies(
     ``fn`` is either a factory ``fn(policy) -> loss`` or a loss taking a ``policy=``
     keyword (detected from its signature: a ``policy`` parameter alongside others, or
     keyword-only). It receives each entry of ``policies`` as it is; ``NO_CHECKPOINT`` means
-    "no checkpoint at all", which :func:`with_policy` implements for you.
+    "no checkpoint at all", which :func:`remat.checkpoint` (``policy=``) implements for you.
 
     For each policy the gradient ``jax.jit(jax.grad(loss, argnums))`` is compiled once
     (:func:`remat.analysis.compiled.compiled_step`); its ``memory_analysis()`` gives the
@@ -211,9 +188,9 @@ def compare_policies(
       A :class:`PolicyComparison`; ``str()`` is a table, ``.plot(path)`` a PNG.
 
     Example:
-      >>> import jax, jax.numpy as jnp
+      >>> import jax, jax.numpy as jnp, remat
       >>> def make_loss(policy):
-      ...     block = with_policy(lambda w, x: jnp.tanh(x @ w), policy)
+      ...     block = remat.checkpoint(lambda w, x: jnp.tanh(x @ w), policy=policy)
       ...     def loss(ws, x):
       ...         for w in ws:
       ...             x = block(w, x)

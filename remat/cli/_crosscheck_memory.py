@@ -9,7 +9,7 @@ from remat.cli._common import EXIT_CHECK_FAILED, EXIT_OK, print_json, print_tabl
 
 def run_memory(args: argparse.Namespace, jax_model: Any, torch_model: Any, inputs: Any, label: str) -> int:
     """Prints the per-module comparison; exit code 1 when a module's bytes differ by more than 10%."""
-    from remat.analysis import format_bytes
+    from remat._core.residuals import format_bytes
     from remat.crosscheck.memory import compare_saved_bytes
 
     mode = "eval" if args.mode == "eval" else "train"

@@ -5,6 +5,7 @@ import argparse
 from typing import Any
 
 from remat.cli._common import EXIT_CHECK_FAILED, EXIT_OK, expect_report, print_json, print_table
+from remat.cli._model_entry import model_entry
 
 
 def run_precision(args: argparse.Namespace, precision: str, jax_model: Any, torch_model: Any, inputs: Any,
@@ -16,7 +17,6 @@ def run_precision(args: argparse.Namespace, precision: str, jax_model: Any, torc
     returns 0 when every row passes ``err_jax <= 2 * max(err_torch, eps)``, else 1.
     """
     from remat import crosscheck
-    from remat.cli.crosscheck import _entry
     from remat.crosscheck.precision import COLUMNS, PrecisionReport
 
     grads = expect_report(crosscheck.compare_gradients(jax_model, torch_model, inputs, precision=precision,
@@ -27,7 +27,7 @@ def run_precision(args: argparse.Namespace, precision: str, jax_model: Any, torc
         training = expect_report(crosscheck.compare_training(
             jax_model, torch_model, inputs, targets, optimizer=args.optimizer, lr=args.lr, steps=args.steps,
             precision=precision, mode=train_mode, checkpoint=whole,
-            exclude=getattr(_entry(args), "training_exclude", None)), PrecisionReport)
+            exclude=getattr(model_entry(args), "training_exclude", None)), PrecisionReport)
     reports = [grads] + ([training] if training is not None else [])
     ok = all(r.ok for r in reports)
     if args.json:

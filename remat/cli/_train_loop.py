@@ -124,14 +124,29 @@ def main(args: argparse.Namespace) -> int:
         return _main(args)
 
 
-def _main(args: argparse.Namespace) -> int:
-    t_start = time.perf_counter()
+def _check_outputs(args: argparse.Namespace) -> None:
+    """``--plot`` and ``--save-dir`` can be written, checked before anything runs."""
     if args.plot:
         parent = os.path.dirname(os.path.abspath(args.plot))
         if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
             raise UsageError(f"--plot {args.plot!r}: directory {parent!r} does not exist or is not writable")
     if args.save_dir:
         check_save_dir(args)
+
+
+
+def _steps_per_s(ran: int, t_start: float, t_first: float | None, t_end: float, paused: float) -> float | None:
+    """Steps per second of the steps run, without the first (compiling) one and the time spent saving."""
+    if ran > 1 and t_first is not None:
+        return (ran - 1) / max(t_end - t_first - paused, 1e-9)
+    if ran == 1:
+        return 1 / max(t_end - t_start, 1e-9)
+    return None
+
+
+def _main(args: argparse.Namespace) -> int:
+    t_start = time.perf_counter()
+    _check_outputs(args)
 
     sizes = getattr(args, "mesh_sizes", None)  # --mesh, parsed by remat.cli.train.validate
     devices = setup_devices(args.devices if sizes is None else _mesh.mesh_size(sizes), args,
@@ -144,13 +159,7 @@ def _main(args: argparse.Namespace) -> int:
     from remat.analysis.process import current_rss_bytes, process_peak_rss_bytes
 
     task = build_task(args, policy=args.policy, residual_budget=args.residual_budget)
-    loss_of = task.loss
-    if getattr(args, "precision", "float32") == "mixed":
-        from remat.crosscheck.autocast import float32_outputs, jax_model
-
-        # float32 parameters and optimizer state, bfloat16 compute; the loss in float32, as under autocast
-        task.model = jax_model(task.model, "mixed")
-        loss_of = lambda out, inputs, targets: task.loss(float32_outputs(out), inputs, targets)  # noqa: E731
+    loss_of = _in_precision(args, task)
     mesh = _mesh.make_mesh(sizes, devices)
     _mesh.check_batch(task.batch_size, mesh)
     batch = _mesh.batch_sharding(mesh)
@@ -199,12 +208,7 @@ def _main(args: argparse.Namespace) -> int:
         if saver is not None:
             saver.close()  # waits for the last (asynchronous) save to be complete on disk
     ran = len(losses) - start
-    if ran > 1 and t_first is not None:
-        steps_per_s = (ran - 1) / max(t_end - t_first - paused, 1e-9)  # without the first (compiling) step
-    elif ran == 1:
-        steps_per_s = 1 / max(t_end - t_start, 1e-9)
-    else:
-        steps_per_s = None
+    steps_per_s = _steps_per_s(ran, t_start, t_first, t_end, paused)
 
     if args.plot:
         write_plot(args.plot, losses, f"remat train {task.name} (policy {task.policy})")
@@ -242,7 +246,23 @@ def _main(args: argparse.Namespace) -> int:
         "saved_steps": saver.steps() if saver is not None else [],
         "plot": os.path.abspath(args.plot) if args.plot else None,
     }
-    if args.json:
+    return _report(result, args.json, nonfinite_at)
+
+
+def _in_precision(args: argparse.Namespace, task: Any) -> Any:
+    """The loss ``(out, inputs, targets) -> scalar`` to train; ``--precision mixed`` also casts ``task.model``."""
+    if getattr(args, "precision", "float32") != "mixed":
+        return task.loss
+    from remat.crosscheck.autocast import float32_outputs, jax_model
+
+    # float32 parameters and optimizer state, bfloat16 compute; the loss in float32, as under autocast
+    task.model = jax_model(task.model, "mixed")
+    return lambda out, inputs, targets: task.loss(float32_outputs(out), inputs, targets)
+
+
+def _report(result: dict[str, Any], as_json: bool, nonfinite_at: int | None) -> int:
+    """Prints the run's summary (or its JSON object); the exit code: 1 when the loss became non-finite."""
+    if as_json:
         print_json(result)
     else:
         _print_summary(result)

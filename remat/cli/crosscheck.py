@@ -21,6 +21,7 @@ from typing import Any
 
 from remat._names import CROSSCHECK_OPTIMIZERS, POLICY_NAMES, is_no_checkpoint
 from remat.cli._common import EXIT_CHECK_FAILED, EXIT_OK, UsageError, expect_report, print_json, print_table
+from remat.cli._model_entry import model_entry
 
 HELP = "compare gradients and training of a Flax model against its PyTorch twin"
 EXAMPLE = "remat crosscheck transformer --policy dots --dtype float64 --steps 3"
@@ -112,16 +113,10 @@ def _load(args: argparse.Namespace, settings: Any) -> tuple[Any, Any, tuple, Any
             f"whole model, policy={args.policy}")
 
 
-def _entry(args: argparse.Namespace) -> Any:
-    from remat.models import HF_MODELS, MODELS
-
-    return MODELS.get(args.model) or HF_MODELS.get(args.model)
-
-
 def _tolerances(args: argparse.Namespace, training: bool = False) -> tuple[float | None, float | None]:
     """The built-in model's own ``(rtol, atol)`` for ``--dtype`` (HF's float32 islands), else None;
     ``--rtol``/``--atol`` override the gradient comparison's."""
-    entry = _entry(args)
+    entry = model_entry(args)
     table = (entry.training_tolerances if training else entry.tolerances) if entry is not None else {}
     rtol, atol = table.get(args.dtype, (None, None))
     if training:
@@ -211,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         training = expect_report(crosscheck.compare_training(
             jax_model, torch_model, inputs, targets, optimizer=args.optimizer, lr=args.lr, steps=args.steps,
             dtype=args.dtype, mode=train_mode, checkpoint=whole, rtol=train_rtol, atol=train_atol,
-            exclude=getattr(_entry(args), "training_exclude", None)), TrainingReport)
+            exclude=getattr(model_entry(args), "training_exclude", None)), TrainingReport)
     ok = grads.ok and (training is None or training.ok)
     if args.json:
         print_json({"model": args.model, "policy": args.policy, "remat": label, "dtype": args.dtype, "ok": ok,

@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _bytes(n: int) -> str:
-    from remat.analysis import format_bytes
+    from remat._core.residuals import format_bytes
 
     return format_bytes(n)
 
@@ -153,7 +153,7 @@ def _explain(args: argparse.Namespace) -> tuple[Any, str]:
     import jax.numpy as jnp
     from flax import nnx
 
-    from remat.analysis.explanation import explain
+    from remat.explainer.explanation import explain
     from remat.models.tasks import pure_step_loss
 
     task = _task(args)

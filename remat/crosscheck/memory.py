@@ -2,7 +2,7 @@
 
 JAX's side: what the backward pass of the model's gradient reads from its forward pass,
 charged to the module whose backward reads it (a checkpointed region keeps its inputs),
-from the traced step (:func:`remat.analysis.explanation.saved_bytes_by_module`). PyTorch's
+from the traced step (:func:`remat.explainer.explanation.saved_bytes_by_module`). PyTorch's
 side: every tensor autograd saves during the forward pass, counted with
 ``torch.autograd.graph.saved_tensors_hooks`` and charged to the innermost module running;
 a module that runs under ``torch.utils.checkpoint`` saves nothing through those hooks
@@ -125,7 +125,7 @@ def _tensors(tree: Any) -> Any:
 
 def jax_saved_bytes(jax_model: nnx.Module, xs: list[Any]) -> tuple[dict[str | None, int], list[str]]:
     """The JAX model's saved-for-backward bytes by module (its parameters differentiated)."""
-    from remat.analysis.explanation import saved_bytes_by_module
+    from remat.explainer.explanation import saved_bytes_by_module
 
     graphdef, params, rest = nnx.split(jax_model, nnx.Param, ...)
 

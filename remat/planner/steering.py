@@ -13,7 +13,7 @@ from remat import scan as _scan
 from remat._core import hooks
 from remat._core.checkpoint import checkpoint
 from remat._core.options import CheckpointOptions
-from remat.analysis import names_in_jaxpr
+from remat._core.residuals import names_in_jaxpr
 from remat.policies import NO_CHECKPOINT, is_no_checkpoint, policy_name, resolve_policy
 
 NONE = NO_CHECKPOINT  # a region that is not checkpointed

@@ -30,12 +30,13 @@ from typing import Any
 import jax
 
 from remat._core.residuals import format_bytes
-from remat.analysis import _regions
-from remat.analysis._attribution import KINDS, Attributor, PeakBuffer
-from remat.analysis._module_names import module_of, module_scopes
-from remat.analysis._xla_buffers import compile_with_buffer_assignment
 from remat.analysis.compiled import CompiledMemory
-from remat.analysis.timeline import HeapTimeline
+from remat.explainer import _region_residuals
+from remat.explainer._attribution import KINDS, Attributor, PeakBuffer
+from remat.explainer._mistakes import mistakes
+from remat.explainer._module_names import module_scopes
+from remat.explainer._xla_buffers import compile_with_buffer_assignment
+from remat.explainer.timeline import HeapTimeline
 
 __all__ = ["KINDS", "ExplainReport", "PeakBuffer", "explain", "saved_bytes_by_module"]
 
@@ -51,7 +52,8 @@ class ExplainReport:
       peak_buffers: every buffer at the peak, largest first (:class:`PeakBuffer`): the
         temp buffer's live values and packing gaps, the arguments and the outputs.
       attributed_fraction: the share of ``temp_bytes`` given a source line or a module (a
-        packing gap counts for the value XLA placed there; alignment padding does not).
+        packing gap counts for the value XLA placed there, alignment padding for the value whose
+        slot it pads, bytes of a called computation's value for that value).
       warnings: mistakes found, each with its fix.
       memory: all of ``memory_analysis()`` (:class:`~remat.analysis.CompiledMemory`).
       regions: the checkpointed regions: label, policy, bytes kept.
@@ -118,14 +120,14 @@ class ExplainReport:
 
     def plot(self, path: str, *, top: int = 5, title: str | None = None) -> str:
         """Writes the timeline: live temp bytes per step, the peak, the backward pass, the largest buffers."""
-        from remat.analysis._trace_files import plot_timeline
+        from remat.explainer._trace_files import plot_timeline
 
         return plot_timeline(self, path, top=top, title=title)
 
     def to_trace(self, path: str) -> str:
         """Writes the timeline for a viewer: ``.json`` Chrome/Perfetto trace events, ``.pickle``
         PyTorch's memory snapshot (open it at https://pytorch.org/memory_viz)."""
-        from remat.analysis._trace_files import write_trace
+        from remat.explainer._trace_files import write_trace
 
         return write_trace(self, path)
 
@@ -232,10 +234,10 @@ def explain(fn: Callable, *args: Any, **kwargs: Any) -> ExplainReport:
     compile_s = time.perf_counter() - progress.started
     memory = CompiledMemory.from_compiled(compiled)
 
-    from remat.analysis.timeline import heap_timeline
+    from remat.explainer.timeline import heap_timeline
 
     timeline = heap_timeline(program)
-    regions = _regions.regions(traced.jaxpr)
+    regions = _region_residuals.regions(traced.jaxpr)
     output_paths = [jax.tree_util.keystr(path) for path, _ in
                     jax.tree_util.tree_flatten_with_path(traced.out_info)[0]]
     attributor = Attributor(program, timeline, regions, _first_argument(fn), output_paths)
@@ -243,87 +245,13 @@ def explain(fn: Callable, *args: Any, **kwargs: Any) -> ExplainReport:
     temp = memory.temp_bytes
     attributed = sum(b.bytes for b in buffers if b.allocation == "temp" and (b.source or b.module))
     labels = {o.buffer_id: attributor.temp_buffer(o.buffer_id, o.start, o.end, o.size) for o in timeline.occupancies}
-    warnings = _regions.policy_warnings(regions)
-    warnings += _saves_nothing(attributor, labels)
-    warnings += _largest_residual_unchecked(buffers, regions)
+    warnings = mistakes(attributor, labels, buffers)
     region_rows = [{"region": r.label, "policy": r.policy, "source": r.source,
                     "kept_bytes": sum(k.nbytes for k in r.kept),
                     "kept_by_policy_bytes": sum(k.nbytes for k in r.kept if k.by_policy)} for r in regions]
     return ExplainReport(_fn_name(fn), temp, buffers, attributed / temp if temp else 1.0, warnings, memory,
                          region_rows, timeline, attributor.backward_step, labels, compile_s,
                          time.perf_counter() - started, program)
-
-
-def _saves_nothing(attributor: Attributor, labels: dict[int, PeakBuffer]) -> list[str]:
-    """The region whose backward runs first (the last layer, or the whole function) saves no
-    memory when undoing its checkpoint would not raise the peak: estimated from the schedule
-    as the live bytes between its forward and its backward plus what its backward recomputes."""
-    regions, t = attributor.regions, attributor.timeline
-    if not regions or not t.steps:
-        return []
-    first = regions[0]
-    if first.module is None and len(regions) > 1:
-        return []  # regions without module names cannot be told apart in the compiled program
-
-    def mine(module: str | None) -> bool:
-        return first.module is None or (module is not None and (module == first.module
-                                                               or module.startswith(first.module + ".")))
-
-    forward, backward = [], []
-    for step, buffer_id in enumerate(t.step_buffers):
-        ins = attributor.defining(buffer_id)
-        if ins is None or not mine(module_of(ins.op_name)):
-            continue
-        which = attributor.step_phase[step]
-        if which == "forward":
-            forward.append(step)
-        elif which in ("backward", "recompute") and "checkpoint" in ins.op_name:
-            backward.append(step)
-    last_forward = max(forward, default=-1)  # none: XLA dropped a forward whose value is unused
-    if not backward or last_forward >= min(backward):
-        return []
-    gap_live = max(t.live_bytes[max(last_forward, 0):min(backward)], default=0)
-    recomputed = [o for o in t.occupancies if labels[o.buffer_id].kind == "recomputed value"
-                  and mine(labels[o.buffer_id].module)]
-    steps = range(min(backward), max(backward) + 1)
-    restored = max((sum(o.size for o in recomputed if o.live_at(s)) for s in steps), default=0)
-    peak_live = t.live_bytes[t.peak]
-    if restored == 0 or gap_live + restored > peak_live:
-        return []
-    if first.module:
-        path = tuple(int(p) if p.isdigit() else p for p in first.module.split("."))
-        what, fix = first.label, (f"do not checkpoint it, e.g. remat.apply_checkpointing(model, lambda path, m: "
-                                  f"<your test> and path != {path!r})")
-    else:
-        what = f"the checkpoint {first.label.removeprefix('region ')}"
-        fix = "checkpoint the blocks inside it instead, e.g. remat.apply_checkpointing(model, Block)"
-    return [f"{what} is checkpointed but that does not lower the peak: its backward pass runs right after "
-            f"its forward, so it recomputes {format_bytes(restored)} at once; the step peaks at "
-            f"{format_bytes(peak_live)} live with the checkpoint and would at about "
-            f"{format_bytes(max(peak_live, gap_live + restored))} without; fix: {fix}"]
-
-
-def _largest_residual_unchecked(buffers: list[PeakBuffer], regions: list[_regions.RegionInfo]) -> list[str]:
-    """The largest residual at the peak comes from code no checkpointed region covers."""
-    if not regions:
-        return []
-    residuals = [b for b in buffers if b.kind == "residual" and b.allocation == "temp" and b.live]
-    if not residuals or residuals[0].region is not None:
-        return []
-    b = residuals[0]
-    where = b.module or b.source or b.op
-    if b.module:
-        # at the depth the step's regions are checkpointed at (blocks.3, not blocks.3.mlp.fc)
-        depth = min((len(r.module.split(".")) for r in regions if r.module), default=len(b.module.split(".")))
-        parts = b.module.split(".")[:max(depth, 1)]
-        where = ".".join(parts)
-        path = tuple(int(p) if p.isdigit() else p for p in parts)
-        fix = f"remat.apply_checkpointing(model, lambda path, m: path == {path!r}) checkpoints it"
-    else:
-        fix = f"wrap the code at {b.source or 'its source'} in remat.checkpoint"
-    return [f"the largest residual at the peak, {format_bytes(b.bytes)} ({b.shape} from {b.op} at "
-            f"{b.source or '?'}{f' in {b.module}' if b.module else ''}), is kept by {where}, which is not "
-            f"checkpointed; fix: {fix}"]
 
 
 def saved_bytes_by_module(fn: Callable, *args: Any, **kwargs: Any) -> tuple[dict[str | None, int], list[str]]:
@@ -343,4 +271,4 @@ def saved_bytes_by_module(fn: Callable, *args: Any, **kwargs: Any) -> tuple[dict
 
     with module_scopes():
         jaxpr = jax.make_jaxpr(step)(*args, **kwargs)
-    return _regions.kept_bytes_by_module(jaxpr)
+    return _region_residuals.kept_bytes_by_module(jaxpr)

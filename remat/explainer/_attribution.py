@@ -1,11 +1,11 @@
 """Each byte of a compiled step's peak, attributed: kind, module, source line, region and rule.
 
 The inputs are one compiled program read with its buffer assignment
-(:class:`~remat.analysis._hlo_proto.HloProgram`), its temp buffer over time
-(:class:`~remat.analysis.timeline.HeapTimeline`) and the checkpointed regions of its
-jaxpr (:mod:`remat.analysis._regions`). Buffers are read through the metadata XLA keeps
+(:class:`~remat.explainer._hlo_proto.HloProgram`), its temp buffer over time
+(:class:`~remat.explainer.timeline.HeapTimeline`) and the checkpointed regions of its
+jaxpr (:mod:`remat.explainer._region_residuals`). Buffers are read through the metadata XLA keeps
 on the instruction that defines them: the op name (JAX's name stack, with the module
-paths :mod:`remat.analysis._module_names` put there) and the Python stack.
+paths :mod:`remat.explainer._module_names` put there) and the Python stack.
 """
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import dataclasses
 import re
 from typing import Any
 
-from remat.analysis._hlo_proto import HloProgram, Instruction
-from remat.analysis._module_names import module_of
-from remat.analysis._regions import RegionInfo, kept_index
-from remat.analysis._sources import format_source, user_frame
-from remat.analysis.timeline import HeapTimeline, split_forward_backward
+from remat.explainer._hlo_proto import HloProgram, Instruction
+from remat.explainer._module_names import module_of
+from remat.explainer._region_residuals import RegionInfo, kept_index
+from remat.explainer._sources import format_source, user_frame
+from remat.explainer.timeline import Gap, HeapTimeline, split_forward_backward
 
 KINDS = ("parameter", "optimizer state", "input", "residual", "recomputed value", "gradient", "other temporary")
 _OPTIMIZER_WORDS = re.compile(r"opt|(?<![a-z])(mu|nu|count)(?![a-z])", re.IGNORECASE)
@@ -203,7 +203,14 @@ class Attributor:
             out.extend(self._parameters_and_outputs())
         return sorted(out, key=lambda b: (-b.bytes, b.allocation, b.kind, b.source or ""))
 
-    def _gap(self, gap: Any) -> PeakBuffer:
+    def _gap(self, gap: Gap) -> PeakBuffer:
+        if gap.holder is None and gap.placed is not None:
+            placed = self.temp_buffer(gap.placed.buffer_id, 0, 0, gap.size)
+            what = f"this {placed.op or 'value'} ({placed.kind})"
+            rule = (f"padding: alignment of XLA's packing, the end of the slot of {what} placed right below"
+                    if gap.padding else f"placed outside the schedule XLA's heap trace shows: bytes of {what}, "
+                    "a value of a computation the step calls (a conditional's branch, say)")
+            return dataclasses.replace(placed, kind="other temporary", region=None, rule=rule, live=False)
         if gap.holder is None:
             return PeakBuffer(gap.size, "other temporary", None, None, None,
                               "padding: never used (alignment of XLA's packing)", live=False)

@@ -10,7 +10,6 @@ carry the same metadata, can be told which region and which policy rule kept the
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -18,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from remat import _jax as xb
-from remat.analysis._module_names import module_of
-from remat.analysis._sources import format_source, user_frame
+from remat.explainer._module_names import module_of
+from remat.explainer._sources import format_source, user_frame
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +54,7 @@ class RegionInfo:
     order: int
     saveable_names: tuple[str, ...] = ()
     in_loop: bool = False  # inside a scan or while body: its kept values are stacked per iteration
+    keeps_everything: bool = False  # its backward recomputes nothing its policy would not keep
 
     @property
     def policy_matches_nothing(self) -> bool:
@@ -160,6 +160,38 @@ def _look_through(eqn: Any, producers: dict) -> tuple[Any, str | None]:
     return eqn, name
 
 
+def _is_cotangent(v: Any, producers: dict) -> bool:
+    """An operand of a region's backward half that flows in from the backward pass (a literal: the seed)."""
+    if xb.is_literal(v):
+        return True
+    producer = producers.get(v)
+    return producer is not None and "transpose(" in xb.name_stack(producer)
+
+
+def recomputed_operations(eqn: Any, producers: dict) -> list[Any]:
+    """The operations a region's backward half recomputes: those that read no cotangent.
+
+    Args:
+      eqn: the region's backward ``checkpoint`` equation (``differentiated=True``).
+      producers: the equation that makes each variable of the jaxpr around it.
+    """
+    inner = getattr(eqn.params["jaxpr"], "jaxpr", eqn.params["jaxpr"])
+    backward = {inner_var for outer, inner_var in zip(eqn.invars, inner.invars) if _is_cotangent(outer, producers)}
+    recomputed = []
+    for e in inner.eqns:
+        if any(not xb.is_literal(v) and v in backward for v in e.invars):
+            backward.update(e.outvars)
+        else:
+            recomputed.append(e)
+    return recomputed
+
+
+def keeps_everything(policy: Any, eqn: Any, producers: dict) -> bool:
+    """The region's backward recomputes nothing, or only what its policy would have kept (values JAX
+    does not save, such as a comparison's mask): its checkpoint saves no memory."""
+    return all(_decides(policy, e) for e in recomputed_operations(eqn, producers))
+
+
 def _decides(policy: Any, eqn: Any) -> bool:
     try:
         decision = policy(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params)
@@ -209,7 +241,7 @@ def regions(closed_jaxpr: Any) -> list[RegionInfo]:
             names = tuple(dict.fromkeys(e.params["name"] for e in _eqns(inner)
                                         if e.primitive is xb.name_primitive()))
             found.append(RegionInfo(label, module, source, label_policy, tuple(kept), names, len(found), saveable,
-                                    in_loop))
+                                    in_loop, keeps_everything(policy, eqn, producers)))
     return found
 
 
@@ -221,27 +253,6 @@ def kept_index(infos: list[RegionInfo]) -> dict[tuple, list[tuple[RegionInfo, Ke
             index.setdefault((k.module, k.source, k.nbytes), []).append((info, k))
             index.setdefault((None, k.source, k.nbytes), []).append((info, k))
     return index
-
-
-def policy_warnings(infos: list[RegionInfo]) -> list[str]:
-    """A warning for each region whose policy keeps nothing in it (a misspelled name, say)."""
-    out = []
-    for info in infos:
-        if not info.policy_matches_nothing:
-            continue
-        text = f"{info.label}: policy {info.policy} matches nothing in this region, so it keeps only its inputs"
-        missing = [n for n in info.saveable_names if n not in info.names]
-        if missing and info.names:
-            guesses = {n: difflib.get_close_matches(n, info.names, n=1) for n in missing}
-            fixed = [guesses[n][0] if guesses.get(n) else n for n in info.saveable_names]
-            text += (f"; the names in it are {list(info.names)}"
-                     + (f"; fix: policy={fixed!r}" if fixed != list(info.saveable_names) else ""))
-        elif missing:
-            text += "; no value in it is tagged with remat.checkpoint_name"
-        else:
-            text += "; fix: policy='nothing' says the same, or pick a policy that matches its operations"
-        out.append(text)
-    return out
 
 
 def kept_bytes_by_module(closed_jaxpr: Any) -> tuple[dict[str | None, int], list[str]]:

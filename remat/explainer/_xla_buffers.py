@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from remat.analysis._hlo_proto import HloProgram, parse_hlo_proto
+from remat.explainer._hlo_proto import HloProgram, parse_hlo_proto
 
 # What XLA needs to write the optimized module with its buffer assignment (the heap
 # simulator's trace is recorded only when dumping): the proto, not the text forms.
