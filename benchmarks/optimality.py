@@ -56,7 +56,9 @@ def _assignments(n: int) -> list[tuple[str, tuple[str, ...], bool]]:
 def _compile_oracle(loss, step_args, n: int, log) -> list[dict]:
     """Compiles every assignment once per distinct lowering; returns label, temp bytes, program."""
     from remat.analysis.compiled import CompiledMemory
-    from remat.planner import apply_policies, compile_all, lower_step, lowered_fingerprint, program_fingerprint
+    from remat.planner._search import compile_all
+    from remat.planner.programs import lower_step, lowered_fingerprint, program_fingerprint
+    from remat.planner.steering import apply_policies
 
     rows, compiled_by_key, pending = [], {}, []
     todo = _assignments(n)
@@ -81,8 +83,9 @@ def _compile_oracle(loss, step_args, n: int, log) -> list[dict]:
 def run_one(model: str, depth: int, repeat: int, log) -> list[dict]:
     """The rows of one model and depth: the plan at every budget beside the oracle."""
     from remat.analysis import time_programs
-    from remat.planner import count_regions, plan
+    from remat.planner import plan
     from remat.planner.programs import MIN_SAMPLE_S
+    from remat.planner.steering import count_regions
 
     loss, step_args = _task(model, depth)
     n = count_regions(loss, *step_args)

@@ -107,7 +107,8 @@ def _compile_alone_s(loss: Any, step_args: tuple, result: Any) -> float:
     """Seconds one compile of the un-checkpointed step takes with nothing else running."""
     import time
 
-    from remat.planner import apply_policies, lower_step
+    from remat.planner.programs import lower_step
+    from remat.planner.steering import apply_policies
 
     none = next(c for c in result.candidates if c.label == "no checkpoint")
     lowered = lower_step(apply_policies(loss, none.policies, scan=none.scan), step_args)
@@ -118,12 +119,13 @@ def _compile_alone_s(loss: Any, step_args: tuple, result: Any) -> float:
 
 def _module_choices(loss: Any, step_args: tuple, chosen: Any) -> list[tuple[str, str]]:
     """``--checkpoint``: the plan's choice for each module apply_checkpointing selected."""
-    from remat.planner import _spec_label, region_paths
+    from remat.planner import region_paths
+    from remat.policies import policy_name
 
     if chosen is None:
         return []
     paths = region_paths(loss, *step_args)
     if len(paths) != len(chosen.policies):
         return []
-    return [(".".join(map(str, p)) if p is not None else "(by hand)", _spec_label(s))
+    return [(".".join(map(str, p)) if p is not None else "(by hand)", policy_name(s))
             for p, s in zip(paths, chosen.policies)]

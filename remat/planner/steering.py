@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -14,9 +13,8 @@ from remat._core import hooks
 from remat._core.checkpoint import checkpoint
 from remat._core.options import CheckpointOptions
 from remat.analysis import names_in_jaxpr
-from remat.policies import NO_CHECKPOINT, is_no_checkpoint, policy_name, resolve_policy
+from remat.policies import is_no_checkpoint, policy_name, resolve_policy
 
-NONE = NO_CHECKPOINT  # a region that is not checkpointed
 AS_WRITTEN = "as written"  # a region keeps the options the user's code gave it
 
 
@@ -88,7 +86,7 @@ def _sequential_choice(segments: int | None) -> Iterator[list[int]]:
 def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
                    scan: tuple[Any, Any] | None = None,
                    sequential: int | None = None, whole_step: bool = False) -> Callable[..., Any]:
-    """``step_fn`` whose i-th checkpointed region uses ``policies[i]`` (``NONE``: no checkpoint).
+    """``step_fn`` whose i-th checkpointed region uses ``policies[i]`` (``NO_CHECKPOINT``: no checkpoint).
 
     ``scan=(policy, groups)`` also re-decides every :func:`remat.scan.scan_layers` in the
     step: its per-layer policy (``NO_CHECKPOINT``: no checkpoint) and ``groups`` checkpointed
@@ -114,16 +112,16 @@ def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
 
 def count_regions(step_fn: Callable[..., Any], *args: Any) -> int:
     """How many checkpointed regions one trace of ``step_fn(*args)`` goes through."""
-    return _survey(step_fn, *args).regions
+    return survey(step_fn, *args).regions
 
 
 def scan_depths(step_fn: Callable[..., Any], *args: Any) -> list[int]:
     """The depth of every scan over layers one trace of ``step_fn(*args)`` runs."""
-    return _survey(step_fn, *args).scan_depths
+    return survey(step_fn, *args).scan_depths
 
 
 @dataclasses.dataclass(frozen=True)
-class _Survey:
+class Survey:
     """What one trace of the step goes through."""
 
     regions: int  # checkpointed regions (checkpoint_sequential's segments among them)
@@ -133,7 +131,8 @@ class _Survey:
     jaxpr: Any  # the step, every region checkpointed with policy "nothing"
 
 
-def _survey(step_fn: Callable[..., Any], *args: Any) -> _Survey:
+def survey(step_fn: Callable[..., Any], *args: Any) -> Survey:
+    """What one trace of ``step_fn(*args)`` goes through (:class:`Survey`)."""
     # every region "nothing": the trace counts the regions, and shows each one's body for
     # the planner's region costs (remat.planner._costs), whatever policy it was written with
     with _region_policies((), "nothing") as seen, _scan_choice(None) as depths, \
@@ -141,22 +140,5 @@ def _survey(step_fn: Callable[..., Any], *args: Any) -> _Survey:
         # a fresh function each time: JAX caches traces per function, and a cached trace
         # would not run the Python code whose regions are being counted
         jaxpr = jax.make_jaxpr(lambda *a: step_fn(*a))(*args)
-    return _Survey(seen[0], depths, lengths, names_in_jaxpr(jaxpr), jaxpr)
+    return Survey(seen[0], depths, lengths, names_in_jaxpr(jaxpr), jaxpr)
 
-
-def _sequential_segment_counts(lengths: Sequence[int]) -> list[int]:
-    """Segment counts to try for checkpoint_sequential calls of these lengths.
-
-    2 (one checkpointed half), about sqrt(n) (Chen et al.'s anchor), n / 2 and n (every
-    function its own checkpointed segment but the last), for the longest call.
-    """
-    n = max(lengths)
-    return sorted({k for k in (2, 3, 4, round(math.sqrt(n)), n // 2, n) if 2 <= k <= n})
-
-
-def _common_divisors(depths: Sequence[int]) -> list[int]:
-    """Group counts that divide every scan's depth, excluding 1 and the depth itself."""
-    g = 0
-    for d in depths:
-        g = math.gcd(g, d)
-    return [k for k in range(2, g) if g % k == 0]
