@@ -11,9 +11,11 @@ from remat.planner._candidate import PlanCandidate
 from remat.planner._costs import RegionCosts, start_region_costs
 from remat.planner._families import BUDGET_FRACTIONS, PLANNED_POLICIES, family_specs, name_groups, no_checkpoint_spec
 from remat.planner._fast import fast_search
+from remat.planner._footprint import footprint
 from remat.planner._mixed import mixed_spec, mixed_specs, uniform_costs
 from remat.planner._plan import Plan
 from remat.planner._search import BACKGROUND, LEAN_SLACK, CandidateSearch
+from remat.planner._units import parse_bytes
 from remat.planner.programs import time_side_by_side
 from remat.planner.steering import Survey, survey
 from remat.policies import NO_CHECKPOINT, PolicySpec
@@ -22,7 +24,8 @@ from remat.policies import NO_CHECKPOINT, PolicySpec
 def plan(
     step_fn: Callable[..., Any],
     *args: Any,
-    memory_budget: float,
+    memory_budget: float | None = None,
+    memory_limit: int | str | None = None,
     argnums: int | Sequence[int] = 0,
     policies: Sequence[PolicySpec] = PLANNED_POLICIES,
     budget_fractions: Sequence[float] = BUDGET_FRACTIONS,
@@ -44,6 +47,10 @@ def plan(
         in [0, 1] of the same step without any checkpoint (the whole step's memory, unlike
         :func:`remat.residual_budget`'s fraction of one region's residuals); 0 asks for the
         leanest plan found: the fastest of the candidates within 1% (``LEAN_SLACK``) of the least temp memory.
+      memory_limit: instead of ``memory_budget``, the most bytes the compiled step may hold
+        on one device (arguments + outputs + temp - aliased, from its
+        ``memory_analysis()``): an int, or a string such as ``"6GiB"``, ``"512MiB"`` or
+        ``"8GB"``. ``plan.device_bytes`` is the chosen plan's compiled figure.
       argnums: what the gradient is taken with respect to.
       policies: fixed policies tried on every region.
       budget_fractions: fractions of :func:`remat.residual_budget` tried on every region.
@@ -82,7 +89,7 @@ def plan(
       >>> grads = jax.jit(jax.grad(p.apply(loss)))(params, x)  # doctest: +SKIP
     """
     started = time.perf_counter()
-    budget = _checked_budget(memory_budget)
+    budget, limit_bytes = _checked_limit(memory_budget, memory_limit)
     # the cost model's timing programs compile in the background while the step is traced
     # (only their timing, in calibrate_once, needs the machine to itself)
     programs = None if rates is not None or calibrated() else BACKGROUND.submit(calibration_programs).result
@@ -96,6 +103,9 @@ def plan(
                              exhaustive)
     search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache,
                              early_reject and costing is None, lean=budget == 0, progress=progress, rates=rates)
+    if budget is None:  # a device limit: the un-checkpointed step compiled first, for the limit's temp share
+        assert limit_bytes is not None  # _checked_limit admits exactly one
+        budget = _budget_within(search, surveyed, limit_bytes)
     if costing is not None:
         none, pool = _default_search(search, surveyed, budget, costing, second_opinion)
     else:
@@ -106,18 +116,45 @@ def plan(
     if measure:
         pool = _timed(pool, args, repeat)
     chosen = _choose([c for c in pool if c.contends], measured=measure)
+    shown = chosen or min((c for c in pool if c.temp_bytes is not None), key=PlanCandidate.compiled_temp_bytes)
+    bytes_on_device = footprint(shown.compiled, args, argnums)
     return Plan(memory_budget=float(budget), limit_bytes=limit, none_temp_bytes=none.compiled_temp_bytes(),
                 num_regions=surveyed.regions, feasible=chosen is not None, chosen=chosen, candidates=tuple(pool),
                 minimum_bytes=min(c.temp_bytes for c in pool if c.temp_bytes is not None),
-                plan_s=time.perf_counter() - started, compile_s=none.compile_s)
+                plan_s=time.perf_counter() - started, compile_s=none.compile_s, memory_limit_bytes=limit_bytes,
+                device_bytes=bytes_on_device.device_bytes if chosen is not None else None,
+                footprint=bytes_on_device, region_paths=tuple(surveyed.paths))
 
 
-def _checked_budget(budget: Any) -> float:
-    """``budget`` if it is a fraction in [0, 1] (a one-line ValueError otherwise)."""
+def _checked_limit(budget: Any, limit: Any) -> tuple[float | None, int | None]:
+    """``(budget, limit in bytes)``, exactly one of them given: a fraction in [0, 1], or
+    bytes (:func:`remat.planner._units.parse_bytes`); a one-line ValueError otherwise."""
+    if (budget is None) == (limit is None):
+        raise ValueError("plan() takes memory_budget= (a fraction of no checkpoint's temp memory) or "
+                         "memory_limit= (bytes per device, e.g. '6GiB'): exactly one of them")
+    if limit is not None:
+        return None, parse_bytes(limit)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget <= 1:
         raise ValueError("plan(memory_budget=...) must be a fraction in [0, 1] (0: the leanest plan), "
                          f"got {budget!r}")
-    return budget
+    return budget, None
+
+
+#: The budget of a device limit that leaves no room for temp memory (the arguments and
+#: outputs fill it already): above 0, which asks for the leanest plan, and met by nothing.
+NO_ROOM = 1e-12
+
+
+def _budget_within(search: CandidateSearch, surveyed: Survey, limit_bytes: int) -> float:
+    """The budget a device limit of ``limit_bytes`` means: the temp bytes it leaves beside
+    the arguments and outputs (``limit - arguments - outputs + aliased``, from the
+    un-checkpointed step's compile, which no checkpointing changes), as a fraction of that
+    step's temp bytes; at most 1."""
+    none = search.evaluate_many([no_checkpoint_spec(surveyed)])[0]
+    room = limit_bytes - footprint(none.compiled, search.args, search.argnums).fixed_bytes
+    if room <= 0:
+        return NO_ROOM
+    return min(1.0, room / max(none.compiled_temp_bytes(), 1))
 
 
 def _start_costing(step_fn: Callable[..., Any], args: tuple, surveyed: Survey, options: list[Any], rates: Rates,
