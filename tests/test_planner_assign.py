@@ -168,9 +168,9 @@ def test_a_memory_only_compile_has_the_full_compiles_hlo_and_temp_bytes(model):
     # on XLA's HLO passes and buffer assignment being the same as a full compile's
     from remat.analysis.compiled import CompiledMemory
     from remat.models.tasks import make_task, pure_step_loss
+    from remat.planner._search import MEMORY_ONLY
     from remat.planner.programs import lower_step, program_fingerprint
     from remat.planner.steering import apply_policies, count_regions
-    from remat.planner._search import MEMORY_ONLY
 
     step, args = pure_step_loss(make_task(model, depth=3, seed=0))
     n = count_regions(step, *args)

@@ -67,6 +67,25 @@ def write_plot(path: str, losses: list[float], title: str) -> None:
         plt.close(fig)
 
 
+def _planned(args: argparse.Namespace, train_step: Any) -> Any:
+    """``--plan FILE``: the saved plan applied to the training step (its regions checked at trace time)."""
+    path = getattr(args, "plan", None)
+    if path is None:
+        return train_step
+    from remat.planner import Plan
+    from remat.planner.steering import PlanMismatch
+
+    applied = Plan.load(path).apply(train_step)
+
+    def planned(*args: Any) -> Any:
+        try:
+            return applied(*args)
+        except PlanMismatch as e:  # raised while the step is traced, before it runs
+            raise UsageError(f"--plan {path}: {e}; plan this model with the same flags") from None
+
+    return planned
+
+
 def main(args: argparse.Namespace) -> int:
     """``remat train``; returns the exit code (see :mod:`remat.cli.train` for the options)."""
     if not is_distributed(args):
@@ -135,7 +154,7 @@ def _main(args: argparse.Namespace) -> int:
         updates, opt_state = tx.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), new_rest, opt_state), loss
 
-    step_fn = jax.jit(train_step, in_shardings=(replicated, sharded, sharded),
+    step_fn = jax.jit(_planned(args, train_step), in_shardings=(replicated, sharded, sharded),
                       out_shardings=(replicated, replicated), donate_argnums=(0,))
 
     n_proc, pid = jax.process_count(), jax.process_index()

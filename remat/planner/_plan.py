@@ -60,12 +60,12 @@ class Plan:
         or fewer regions) raises a one-line ValueError naming the first that differs:
         a plan is never applied in part."""
         if self.chosen is None:
-            raise ValueError(self._unmet())
+            raise ValueError(self.shortfall())
         return apply_policies(step_fn, self.chosen.policies, scan=self.chosen.scan,
                               sequential=self.chosen.sequential, whole_step=self.chosen.whole_step,
                               paths=self.region_paths)
 
-    def _unmet(self) -> str:
+    def shortfall(self) -> str:
         """Why nothing fits, in one line."""
         if self.memory_limit_bytes is not None and self.footprint is not None:
             return (f"the memory limit {format_bytes(self.memory_limit_bytes)} cannot be met: the least footprint "
@@ -84,7 +84,7 @@ class Plan:
           >>> p.save("plan.json"); remat.Plan.load("plan.json").apply(loss)  # doctest: +SKIP
         """
         if self.chosen is None:
-            raise ValueError(f"nothing to save: {self._unmet()}")
+            raise ValueError(f"nothing to save: {self.shortfall()}")
         with open(path, "w") as f:
             json.dump(saved_fields(self), f, indent=1)
 
@@ -173,7 +173,7 @@ class Plan:
             lines.append(f"  the budget cannot be met: the minimum found is {self.minimum_bytes / mib:.1f} MiB "
                          f"({self.minimum_bytes / max(self.none_temp_bytes, 1):.2f} of no checkpoint)")
             if self.memory_limit_bytes is not None:
-                lines.append(f"  {self._unmet()}")
+                lines.append(f"  {self.shortfall()}")
         lines.append(f"  {'':2}{'candidate':<42}{'temp MiB':>10}{'of none':>9}{'fits':>6}"
                      f"{'pred ms':>9}{'meas ms':>9}")
         for c in self.candidates:

@@ -19,6 +19,10 @@ from remat.policies import is_no_checkpoint, policy_name, resolve_policy
 AS_WRITTEN = "as written"  # a region keeps the options the user's code gave it
 
 
+class PlanMismatch(ValueError):
+    """A plan applied to a step whose regions are not those it was made for."""
+
+
 @contextlib.contextmanager
 def _region_policies(policies: Sequence[Any], beyond: Any = AS_WRITTEN, paths: list[Any] | None = None,
                      expected: Sequence[Any] | None = None) -> Iterator[list[int]]:
@@ -46,17 +50,17 @@ def _region_policies(policies: Sequence[Any], beyond: Any = AS_WRITTEN, paths: l
     with hooks.deciding(region=override):
         yield seen
     if expected is not None and seen[0] < len(expected):
-        raise ValueError(f"the plan does not match this step: it has {len(expected)} regions, the step "
+        raise PlanMismatch(f"the plan does not match this step: it has {len(expected)} regions, the step "
                          f"{seen[0]}; region {seen[0]} ({_path_text(expected[seen[0]])}) is missing")
 
 
 def _check_region(i: int, path: Any, expected: Sequence[Any]) -> None:
     """A ValueError naming region ``i`` where its ``path`` is not the plan's."""
     if i >= len(expected):
-        raise ValueError(f"the plan does not match this step: it has {len(expected)} regions, and the step "
+        raise PlanMismatch(f"the plan does not match this step: it has {len(expected)} regions, and the step "
                          f"reaches region {i} ({_path_text(path)}) beyond them")
     if path != expected[i]:
-        raise ValueError(f"the plan does not match this step: region {i} is {_path_text(path)} here, "
+        raise PlanMismatch(f"the plan does not match this step: region {i} is {_path_text(path)} here, "
                          f"{_path_text(expected[i])} in the plan")
 
 
