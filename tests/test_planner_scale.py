@@ -173,3 +173,42 @@ def test_a_saved_plan_applies_in_a_new_process_with_bitwise_equal_gradients(tmp_
     """)
     subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
     np.testing.assert_array_equal(np.load(tmp_path / "got.npy"), np.load(tmp_path / "want.npy"))
+
+
+MLP = ["mlp", "--depth", "4", "--width", "256", "--batch-size", "512"]
+
+
+def test_the_command_takes_a_limit_in_bytes_and_reports_the_footprint(capsys):
+    from remat.cli import main
+
+    assert main(["plan", *MLP, "--memory-limit", "6.6MiB", "--repeat", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["memory_limit_bytes"] == int(6.6 * 2**20)
+    assert out["device_bytes"] == out["footprint"]["device_bytes"] <= out["memory_limit_bytes"]
+    assert main(["plan", *MLP, "--memory-limit", "6 parsecs"]) == 2
+    assert "unknown unit 'parsecs'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse: the two spellings of the limit exclude each other
+        main(["plan", *MLP, "--memory-limit", "1GiB", "--budget", "0.5"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_plan_saved_by_the_command_trains_and_explains(tmp_path, capsys):
+    from remat.cli import main
+
+    path = str(tmp_path / "plan.json")
+    assert main(["plan", *MLP, "--memory-limit", "6.6MiB", "--repeat", "1", "--out", path]) == 0
+    saved = json.loads(open(path).read())
+    assert saved["memory_limit_bytes"] == int(6.6 * 2**20) and len(saved["regions"]) == 4
+    capsys.readouterr()
+    assert main(["train", *MLP, "--plan", path, "--steps", "2", "--json"]) == 0
+    out = capsys.readouterr().out
+    trained = json.loads(out[out.index("{"):])
+    assert len(trained["losses"]) == 2 and all(np.isfinite(trained["losses"]))
+    assert main(["explain", *MLP, "--plan", path, "--top", "2"]) == 0
+    assert f"plan {path}: {saved['label']}" in capsys.readouterr().out
+    # another depth: its regions are not the plan's, a one-line usage error
+    other = ["mlp", "--depth", "3", "--width", "256", "--batch-size", "512"]
+    assert main(["train", *other, "--plan", path, "--steps", "1"]) == 2
+    assert "region 3 (a region written by hand) is missing" in capsys.readouterr().err
+    assert main(["train", *MLP, "--plan", str(tmp_path / "none.json")]) == 2
