@@ -36,7 +36,6 @@ import time
 
 SIZES = {"mlp": dict(width=128, batch_size=512), "transformer": dict(width=64, batch_size=8, seq_len=64),
          "cnn": dict(batch_size=16)}
-OPTIONS = ("no_checkpoint", "nothing", "dots_no_batch", "dots")
 BUDGETS = (0.0, 0.25, 0.5, 0.75)
 
 
@@ -47,9 +46,14 @@ def _task(model: str, depth: int):
 
 
 def _assignments(n: int) -> list[tuple[str, tuple[str, ...], bool]]:
-    """Every per-region assignment, then the whole step checkpointed around each uniform one."""
-    out = [(", ".join(a), a, False) for a in itertools.product(OPTIONS, repeat=n)]
-    out += [(f"whole step around all {o}", (o,) * n, True) for o in OPTIONS]
+    """Every per-region assignment of the planner's options, then the whole step checkpointed
+    around each uniform one."""
+    from remat.planner._families import PLANNED_POLICIES
+    from remat.policies import policy_name
+
+    options = ("no_checkpoint", *map(policy_name, PLANNED_POLICIES))
+    out = [(", ".join(a), a, False) for a in itertools.product(options, repeat=n)]
+    out += [(f"whole step around all {o}", (o,) * n, True) for o in options]
     return out
 
 

@@ -42,8 +42,13 @@ def _uniform(c: PlanCandidate, n: int) -> bool:
     return len(set(map(policy_name, c.policies))) == 1 and (c.scan is None or c.label == "no checkpoint")
 
 
+#: The mixed pairs compiled to confirm: each costs a compile, and the model's ranking
+#: past the first few is seldom right by the margins between them.
+MIXED_PAIRS = 3
+
+
 def mixed_specs(costs: Sequence[tuple[Any, float, float]], n: int, limit: int, beat_ms: float,
-                top: int = 3) -> list[tuple[CandidateSpec, float, int]]:
+                top: int = MIXED_PAIRS) -> list[tuple[CandidateSpec, float, int]]:
     """The mixed assignments predicted fastest within ``limit`` and faster than ``beat_ms``.
 
     Args:
