@@ -90,15 +90,7 @@ def plan(
     """
     started = time.perf_counter()
     budget, limit_bytes = _checked_limit(memory_budget, memory_limit)
-    # the cost model's timing programs compile in the background while the step is traced
-    # (only their timing, in calibrate_once, needs the machine to itself)
-    programs = None if rates is not None or calibrated() else BACKGROUND.submit(calibration_programs).result
-    surveyed = survey(step_fn, *args)
-    if surveyed.regions == 0 and not surveyed.scan_depths:
-        raise ValueError("plan() found no remat.checkpoint region or remat.scan_layers in step_fn: "
-                         "checkpoint its blocks first")
-    # predicted times at this machine's FLOP and byte rates, not defaults
-    rates = calibrate_once(programs) if rates is None else rates
+    surveyed, rates = _surveyed(step_fn, args, rates)
     costing = _start_costing(step_fn, args, surveyed, [*policies, *name_groups(surveyed.names)], rates,
                              exhaustive)
     search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache,
@@ -115,15 +107,43 @@ def plan(
     pool = _settled(search, pool, limit, complete=costing is None)
     if measure:
         pool = _timed(pool, args, repeat)
-    chosen = _choose([c for c in pool if c.contends], measured=measure)
-    shown = chosen or min((c for c in pool if c.temp_bytes is not None), key=PlanCandidate.compiled_temp_bytes)
-    bytes_on_device = footprint(shown.compiled, args, argnums)
+    plan_s = time.perf_counter() - started
+    return _result(pool, none, surveyed, (budget, limit, limit_bytes), (args, argnums), measure, plan_s)
+
+
+def _surveyed(step_fn: Callable[..., Any], args: tuple, rates: Rates | None) -> tuple[Survey, Rates]:
+    """One trace of the step (:func:`remat.planner.steering.survey`), and the machine's
+    rates: ``rates``, else this process's, measured on first use, their timing programs
+    compiled in the background while the step is traced (only the timing needs the
+    machine to itself)."""
+    programs = None if rates is not None or calibrated() else BACKGROUND.submit(calibration_programs).result
+    surveyed = survey(step_fn, *args)
+    if surveyed.regions == 0 and not surveyed.scan_depths:
+        raise ValueError("plan() found no remat.checkpoint region or remat.scan_layers in step_fn: "
+                         "checkpoint its blocks first")
+    return surveyed, calibrate_once(programs) if rates is None else rates
+
+
+def _result(pool: list[PlanCandidate], none: PlanCandidate, surveyed: Survey, limits: tuple[float, int, int | None],
+            step: tuple[tuple, int | Sequence[int]], measured: bool, plan_s: float) -> Plan:
+    """The :class:`Plan` of the candidates weighed: the chosen one (:func:`_choose`), and
+    the footprint on one device of it or, where nothing fits, of the leanest.
+
+    Args:
+      limits: ``(budget, temp limit, device limit or None)``.
+      step: ``(args, argnums)`` of the step planned.
+    """
+    (budget, limit, limit_bytes), (args, argnums) = limits, step
+    chosen = _choose([c for c in pool if c.contends], measured=measured)
+    compiled = [c for c in pool if c.temp_bytes is not None]
+    shown = chosen or min(compiled, key=PlanCandidate.compiled_temp_bytes)
+    on_device = footprint(shown.compiled, args, argnums)
     return Plan(memory_budget=float(budget), limit_bytes=limit, none_temp_bytes=none.compiled_temp_bytes(),
                 num_regions=surveyed.regions, feasible=chosen is not None, chosen=chosen, candidates=tuple(pool),
-                minimum_bytes=min(c.temp_bytes for c in pool if c.temp_bytes is not None),
-                plan_s=time.perf_counter() - started, compile_s=none.compile_s, memory_limit_bytes=limit_bytes,
-                device_bytes=bytes_on_device.device_bytes if chosen is not None else None,
-                footprint=bytes_on_device, region_paths=tuple(surveyed.paths))
+                minimum_bytes=min(c.compiled_temp_bytes() for c in compiled), plan_s=plan_s,
+                compile_s=none.compile_s, memory_limit_bytes=limit_bytes,
+                device_bytes=on_device.device_bytes if chosen is not None else None,
+                footprint=on_device, region_paths=tuple(surveyed.paths))
 
 
 def _checked_limit(budget: Any, limit: Any) -> tuple[float | None, int | None]:
