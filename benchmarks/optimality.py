@@ -39,7 +39,6 @@ from benchmarks.results import add_results_argument, write_result
 
 SIZES = {"mlp": dict(width=128, batch_size=512), "transformer": dict(width=64, batch_size=8, seq_len=64),
          "cnn": dict(batch_size=16)}
-OPTIONS = ("no_checkpoint", "nothing", "dots_no_batch", "dots")
 BUDGETS = (0.0, 0.25, 0.5, 0.75)
 
 
@@ -53,16 +52,23 @@ def _task(model: str, depth: int):
 
 
 def _assignments(n: int) -> list[tuple[str, tuple[str, ...], bool]]:
-    """Every per-region assignment, then the whole step checkpointed around each uniform one."""
-    out = [(", ".join(a), a, False) for a in itertools.product(OPTIONS, repeat=n)]
-    out += [(f"whole step around all {o}", (o,) * n, True) for o in OPTIONS]
+    """Every per-region assignment of the planner's options, then the whole step checkpointed
+    around each uniform one."""
+    from remat.planner._families import PLANNED_POLICIES
+    from remat.policies import policy_name
+
+    options = ("no_checkpoint", *map(policy_name, PLANNED_POLICIES))
+    out = [(", ".join(a), a, False) for a in itertools.product(options, repeat=n)]
+    out += [(f"whole step around all {o}", (o,) * n, True) for o in options]
     return out
 
 
 def _compile_oracle(loss, step_args, n: int, log) -> list[dict]:
     """Compiles every assignment once per distinct lowering; returns label, temp bytes, program."""
     from remat.analysis.compiled import CompiledMemory
-    from remat.planner import apply_policies, compile_all, lower_step, lowered_fingerprint, program_fingerprint
+    from remat.planner._search import compile_all
+    from remat.planner.programs import lower_step, lowered_fingerprint, program_fingerprint
+    from remat.planner.steering import apply_policies
 
     rows, compiled_by_key, pending = [], {}, []
     todo = _assignments(n)
@@ -87,8 +93,9 @@ def _compile_oracle(loss, step_args, n: int, log) -> list[dict]:
 def run_one(model: str, depth: int, repeat: int, log, budgets: tuple[float, ...] = BUDGETS) -> list[dict]:
     """The rows of one model and depth: the plan at every budget beside the oracle."""
     from remat.analysis import time_programs
-    from remat.planner import count_regions, plan
+    from remat.planner import plan
     from remat.planner.programs import MIN_SAMPLE_S
+    from remat.planner.steering import count_regions
 
     loss, step_args = _task(model, depth)
     n = count_regions(loss, *step_args)

@@ -27,25 +27,27 @@ def rows(argv: list[str]) -> list[dict]:
     """One row per option: ``option``, ``kept_bytes`` (a region's), ``temp_bytes``,
     ``step_ms``, ``measured_ms`` and ``predicted_ms`` (the recompute of one region)."""
     import remat.cli.plan as plan_command
-    from remat.analysis.budget import calibrate_once
     from remat.analysis.compiled import CompiledMemory
+    from remat.analysis.machine import calibrate_once
     from remat.cli._common import build_task
     from remat.models.tasks import pure_step_loss
-    from remat.planner import apply_policies, lower_step, time_side_by_side
     from remat.planner._costs import start_region_costs
-    from remat.planner._families import name_groups
-    from remat.planner.programs import _spec_label
-    from remat.planner.steering import NONE, _survey
+    from remat.planner._families import PLANNED_POLICIES, name_groups
+    from remat.planner.programs import lower_step, time_side_by_side
+    from remat.planner.steering import apply_policies, survey
+    from remat.policies import NO_CHECKPOINT as NONE
+    from remat.policies import policy_name
 
     parser = argparse.ArgumentParser()
     plan_command.configure(parser)
     args = parser.parse_args([*argv, "--budget", "0.5"])
     loss, step_args = pure_step_loss(build_task(args))
-    survey = _survey(loss, *step_args)
-    n = survey.regions
-    calibrate_once()
-    options = [NONE, "nothing", "dots_no_batch", "dots", *name_groups(survey.names)]
-    costing = start_region_costs(loss, step_args, n, options, survey.jaxpr)  # the survey's trace, reused
+    surveyed = survey(loss, *step_args)
+    n = surveyed.regions
+    rates = calibrate_once()
+    options = [NONE, *PLANNED_POLICIES, *name_groups(surveyed.names)]
+    # the survey's trace, reused
+    costing = start_region_costs(loss, step_args, n, options, rates=rates, jaxpr=surveyed.jaxpr)
     if costing is None:
         raise SystemExit("the step's regions are not plain checkpointed blocks (a scan over layers, say)")
     costs = costing()
@@ -53,7 +55,7 @@ def rows(argv: list[str]) -> list[dict]:
     times = time_side_by_side(compiled, step_args, args.repeat)
     # the middle region: the first takes the step's argument, which it does not keep
     middle = n // 2
-    return [{"option": _spec_label(o), "kept_bytes": costs.kept[middle][j],
+    return [{"option": policy_name(o), "kept_bytes": costs.kept[middle][j],
              "temp_bytes": CompiledMemory.from_compiled(compiled[j]).temp_bytes, "step_ms": times[j],
              "measured_ms": (times[j] - times[0]) / n, "predicted_ms": costs.ms[middle][j]}
             for j, o in enumerate(options)]

@@ -43,6 +43,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "stack_nnx_layers": ("remat.scan", "stack_nnx_layers"),
     "scan_nnx_layers": ("remat.scan", "scan_nnx_layers"),
     "plan": ("remat.planner", "plan"),
+    "Plan": ("remat.planner", "Plan"),
     "keep_freed_memory": ("remat.analysis.allocator", "keep_freed_memory"),
     "residual_budget": ("remat.analysis.budget", "residual_budget"),
 }
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
     from remat.analysis.allocator import keep_freed_memory as keep_freed_memory
     from remat.analysis.budget import residual_budget as residual_budget
     from remat.explainer import explain as explain
+    from remat.planner import Plan as Plan
     from remat.planner import plan as plan
     from remat.policies import CheckpointPolicy as CheckpointPolicy
     from remat.scan import scan_layers as scan_layers

@@ -474,7 +474,8 @@ def test_region_paths_mark_a_hand_region_inside_an_applied_one_as_written_by_han
 
 @pytest.mark.slow
 def test_plan_redecides_applied_regions_as_hand_written_ones_and_picks_modules():
-    from remat.planner import NONE, plan, region_paths
+    from remat.planner import plan, region_paths
+    from remat.policies import NO_CHECKPOINT as NONE
 
     x = _x(256)
     applied, hand = _mixer(width=128), HandWrittenMixer(16, 128, DEPTH, 8, rngs=nnx.Rngs(0))

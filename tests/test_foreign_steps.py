@@ -10,7 +10,8 @@ from benchmarks.foreign_steps import STEPS
 
 @pytest.mark.parametrize("name", sorted(STEPS))
 def test_each_step_has_four_regions_whose_checkpoints_keep_gradients_and_save_memory(name):
-    from remat.planner import apply_policies, count_regions, lower_step
+    from remat.planner.programs import lower_step
+    from remat.planner.steering import apply_policies, count_regions
 
     loss, args = STEPS[name](seed=0)
     assert count_regions(loss, *args) == 4

@@ -216,7 +216,7 @@ def test_time_side_by_side_times_close_steps_again(monkeypatch):
 
 
 def test_time_side_by_side_stays_the_planners_name():
-    from remat.planner import time_side_by_side
+    from remat.planner.programs import time_side_by_side
 
     f = jax.jit(lambda w, x: x @ w).lower(W, X).compile()
     ms = time_side_by_side([f, f], (W, X), repeat=3)

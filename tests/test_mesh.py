@@ -147,7 +147,8 @@ def test_a_sharded_step_is_planned_with_its_bytes_per_device():
 
     from remat.cli import _mesh
     from remat.models.tasks import make_task, pure_step_loss
-    from remat.planner import apply_policies, plan
+    from remat.planner import plan
+    from remat.planner.steering import apply_policies
 
     mesh = _mesh.make_mesh(parse_mesh("data=2,fsdp=2"), _four_cpu_devices())
     # a batch large enough that the activations, split four ways, dominate the temp memory

@@ -6,7 +6,9 @@ import pytest
 
 import remat
 from remat.analysis import saved_residuals
-from remat.planner import NONE, apply_policies, count_regions, plan
+from remat.planner import plan
+from remat.planner.steering import apply_policies, count_regions
+from remat.policies import NO_CHECKPOINT as NONE
 
 D, B, L = 32, 16, 4
 
@@ -55,13 +57,13 @@ def test_plan_fits_or_says_why_and_gradients_match():
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g0)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
     # the predictions use this machine's measured rates, not the built-in defaults
-    from remat.analysis import budget as budget_module
+    from remat.analysis import machine
 
-    assert budget_module._calibrated and budget_module._RATES["flops_per_s"] != 2.0e10
+    assert machine.calibrated() and machine.current_rates().flops_per_s != 2.0e10
     # and XLA:CPU's temp buffers over glibc's mmap threshold cost their page faults
     from remat.analysis.allocator import glibc
 
-    assert (budget_module._RATES["fault_s_per_byte"] > 0) == (glibc() is not None and jax.default_backend() == "cpu")
+    assert (machine.current_rates().fault_s_per_byte > 0) == (glibc() is not None and jax.default_backend() == "cpu")
     assert all(c.predicted_ms > 0 for c in p.candidates)
     # the timed executables are the compiled candidates themselves (no second compile)
     assert all(c.compiled is not None for c in p.candidates)
@@ -129,7 +131,7 @@ def _scan_step():
 @pytest.mark.slow
 def test_plan_chooses_the_scan_policy_and_segment_length():
     from remat.analysis import compiled_memory
-    from remat.planner import scan_depths
+    from remat.planner.steering import scan_depths
 
     step, params, x = _scan_step()
     assert scan_depths(step, params, x) == [8] and count_regions(step, params, x) == 0
@@ -198,7 +200,7 @@ def _sequential_step(segments=2, n=8, width=64):
 
 @pytest.mark.slow
 def test_plan_re_decides_checkpoint_sequential_segments():
-    from remat.planner import _survey
+    from remat.planner.steering import survey as _survey
 
     loss, ws, x = _sequential_step()
     survey = _survey(loss, ws, x)

@@ -1,4 +1,5 @@
 """The default search's exact per-region assignment and its cost model, against brute force."""
+import dataclasses
 import itertools
 import random
 
@@ -6,9 +7,16 @@ import jax.numpy as jnp
 import pytest
 from test_planner import WS, X, loss
 
-from remat.planner import NONE, plan
+from remat.analysis.machine import UNCALIBRATED, current_rates
+from remat.planner import plan
 from remat.planner._assign import RegionOption, describe, fastest_within, peak, ranked_within
 from remat.planner._costs import region_costs
+from remat.policies import NO_CHECKPOINT as NONE
+
+
+def faults(s_per_byte: float):
+    """The default rates with page faults at ``s_per_byte``."""
+    return dataclasses.replace(UNCALIBRATED, fault_s_per_byte=s_per_byte)
 
 
 def _fitting(options, working, limit):
@@ -81,7 +89,7 @@ def test_peak_counts_the_last_regions_kept_values_only_beyond_its_working_set():
 
 
 def test_recompute_cost_is_zero_unchecked_and_least_where_the_policy_saves_the_matmuls():
-    costs = region_costs(loss, (WS, X), len(WS), [NONE, "nothing", "dots", "everything"])
+    costs = region_costs(loss, (WS, X), len(WS), [NONE, "nothing", "dots", "everything"], rates=current_rates())
     assert len(costs.ms) == len(costs.kept) == len(WS)
     for none, nothing, dots, everything in costs.ms:
         assert none == 0.0 and everything == 0.0
@@ -99,7 +107,7 @@ def test_recompute_cost_is_the_matmuls_the_backward_pass_recomputes_not_the_fuse
     import jax
 
     from remat import checkpoint
-    from remat.analysis.budget import op_cost
+    from remat.analysis.machine import op_cost
 
     # eight element-wise operations in a row: recomputed, XLA fuses them into the
     # backward pass that reads them (a FLOP an element, no bytes of their own)
@@ -118,13 +126,17 @@ def test_recompute_cost_is_the_matmuls_the_backward_pass_recomputes_not_the_fuse
 
     x = jnp.ones((512, 512))
     aval = jax.ShapeDtypeStruct(x.shape, x.dtype)
-    matmul = 1e3 * op_cost("dot_general", [aval, aval], {"dimension_numbers": (([1], [0]), ([], []))}, x.nbytes)
-    elementwise = region_costs(lambda x: jnp.sum(checkpoint(chain, x)), (x,), 1, [NONE, "nothing"]).ms[0]
+    matmul = 1e3 * op_cost("dot_general", [aval, aval], {"dimension_numbers": (([1], [0]), ([], []))}, x.nbytes,
+                         current_rates())
+    elementwise = region_costs(lambda x: jnp.sum(checkpoint(chain, x)), (x,), 1, [NONE, "nothing"],
+                               rates=current_rates()).ms[0]
     assert elementwise[0] == 0.0 and 0.0 < elementwise[1] < 0.01 * matmul
-    costs = region_costs(lambda x, w: jnp.sum(checkpoint(layer, x, w)), (x, x), 1, [NONE, "nothing", "dots"])
+    costs = region_costs(lambda x, w: jnp.sum(checkpoint(layer, x, w)), (x, x), 1, [NONE, "nothing", "dots"],
+                         rates=current_rates())
     assert costs.ms[0][0] == 0.0 and 0.0 < costs.ms[0][2] < 0.01 * matmul  # dots keeps the matmul's output
     assert costs.ms[0][1] == pytest.approx(matmul, rel=0.01)
-    costs = region_costs(lambda x, w: jnp.sum(checkpoint(linear, x, w)), (x, x), 1, [NONE, "nothing"])
+    costs = region_costs(lambda x, w: jnp.sum(checkpoint(linear, x, w)), (x, x), 1, [NONE, "nothing"],
+                         rates=current_rates())
     assert costs.ms[0] == [0.0, 0.0]
 
 
@@ -156,8 +168,9 @@ def test_a_memory_only_compile_has_the_full_compiles_hlo_and_temp_bytes(model):
     # on XLA's HLO passes and buffer assignment being the same as a full compile's
     from remat.analysis.compiled import CompiledMemory
     from remat.models.tasks import make_task, pure_step_loss
-    from remat.planner import apply_policies, count_regions, lower_step, program_fingerprint
     from remat.planner._search import MEMORY_ONLY
+    from remat.planner.programs import lower_step, program_fingerprint
+    from remat.planner.steering import apply_policies, count_regions
 
     step, args = pure_step_loss(make_task(model, depth=3, seed=0))
     n = count_regions(step, *args)
@@ -172,7 +185,7 @@ def test_a_program_fingerprint_ignores_source_lines_and_tells_programs_apart(mon
     import jax
 
     from remat import _jax as xb
-    from remat.planner import program_fingerprint
+    from remat.planner.programs import program_fingerprint
 
     def step(variant):
         def loss(x):  # one name: the module is named after it
@@ -226,21 +239,20 @@ def test_the_leanest_plan_walks_down_the_models_ranking_when_its_pick_misses():
 
 
 def test_page_faults_of_a_temp_buffer_over_the_mmap_threshold_are_part_of_the_predicted_time(monkeypatch):
-    from remat.analysis import budget
     from remat.analysis.allocator import FRESH_MAP_BYTES
+    from remat.analysis.machine import fault_ms
     from remat.planner._fast import RegionModel, _fastest
 
     mib = 2**20
     # four regions, each kept (8 MiB, 10 ms) or recomputed (1 MiB, 15 ms)
     opts = (RegionOption(8.0 * mib, 10.0), RegionOption(1.0 * mib, 15.0))
-    model = RegionModel((NONE, "nothing"), (opts,) * 4, (8.0 * mib,) * 4, 1.0)
-    monkeypatch.setitem(budget._RATES, "fault_s_per_byte", 0.0)
-    assert budget.fault_ms(10 * FRESH_MAP_BYTES) == 0.0
+    model = RegionModel((NONE, "nothing"), (opts,) * 4, (8.0 * mib,) * 4, 1.0, rates=faults(0.0))
+    assert fault_ms(10 * FRESH_MAP_BYTES, model.rates) == 0.0
     kept_all = _fastest(model, float("inf"))
     assert kept_all.choice == (0, 0, 0, 0) and kept_all.ms == 40.0  # no fault cost: keep everything
-    monkeypatch.setitem(budget._RATES, "fault_s_per_byte", 1e-3 / mib)  # 1 ms per MiB
-    assert budget.fault_ms(FRESH_MAP_BYTES - 1) == 0.0  # reused below the threshold
-    assert budget.fault_ms(FRESH_MAP_BYTES) == pytest.approx(32.0)
+    model = dataclasses.replace(model, rates=faults(1e-3 / mib))  # 1 ms per MiB
+    assert fault_ms(FRESH_MAP_BYTES - 1, model.rates) == 0.0  # reused below the threshold
+    assert fault_ms(FRESH_MAP_BYTES, model.rates) == pytest.approx(32.0)
     # keeping all: a 32 MiB peak and 32 ms of faults; one early region recomputed: a 25 MiB
     # peak, under the threshold (less the model's error), and 45 ms in all, the fastest,
     # one step down the front
@@ -258,7 +270,6 @@ def test_page_faults_of_a_temp_buffer_over_the_mmap_threshold_are_part_of_the_pr
 def test_the_fastest_with_page_faults_is_the_brute_force_optimum(seed, monkeypatch):
     # the walk down the front stops early (the least faults a buffer over the threshold
     # pays); the brute force weighs every fitting assignment with its faults
-    from remat.analysis import budget
     from remat.planner._fast import RegionModel, _fastest
 
     mib, rng = 2**20, random.Random(seed)
@@ -267,8 +278,7 @@ def test_the_fastest_with_page_faults_is_the_brute_force_optimum(seed, monkeypat
                     for _ in range(n))
     working = tuple(rng.randint(0, 30) * mib for _ in range(n))
     model = RegionModel((NONE, *range(1, k)), options, working, rng.uniform(0.5, 2.0),
-                        rng.uniform(-8, 8) * mib)
-    monkeypatch.setitem(budget._RATES, "fault_s_per_byte", rng.choice([0.0, 0.2, 1.0, 5.0]) * 1e-3 / mib)
+                        rng.uniform(-8, 8) * mib, rates=faults(rng.choice([0.0, 0.2, 1.0, 5.0]) * 1e-3 / mib))
     limit = rng.randint(0, 80) * mib
     brute = [model.assignment(choice) for choice in _fitting(options, working, limit)]
     found = _fastest(model, limit)
@@ -282,13 +292,12 @@ def test_the_fastest_with_page_faults_is_the_brute_force_optimum(seed, monkeypat
 def _two_regions_near_the_mmap_threshold(monkeypatch):
     """Two regions, each kept (12 MiB, 10 ms) or recomputed (1 MiB, 12 ms), faults at
     1 ms per MiB: the model at a byte of temp per byte of predicted peak."""
-    from remat.analysis import budget
     from remat.planner import _fast
 
     mib = 2**20
-    monkeypatch.setitem(budget._RATES, "fault_s_per_byte", 1e-3 / mib)
     opts = (RegionOption(12.0 * mib, 10.0), RegionOption(1.0 * mib, 12.0))
-    return _fast.RegionModel((NONE, "nothing"), (opts, opts), (12.0 * mib, 12.0 * mib), 1.0)
+    return _fast.RegionModel((NONE, "nothing"), (opts, opts), (12.0 * mib, 12.0 * mib), 1.0,
+                             rates=faults(1e-3 / mib))
 
 
 def test_the_pick_of_the_scaled_model_compiles_beside_the_first_when_it_is_faster(monkeypatch):
@@ -300,7 +309,7 @@ def test_the_pick_of_the_scaled_model_compiles_beside_the_first_when_it_is_faste
     guess = _two_regions_near_the_mmap_threshold(monkeypatch)
     first = _fast._fastest(guess, float("inf"))
     assert first.choice == (0, 0) and first.ms == 20.0
-    scaled = _fast.RegionModel(guess.policies, guess.options, guess.working, 1.5)
+    scaled = _fast.RegionModel(guess.policies, guess.options, guess.working, 1.5, rates=guess.rates)
     confirmed = []
     monkeypatch.setattr(_fast, "_confirm", lambda search, model, picks: confirmed.extend(picks) or (lambda: ["extra"]))
     pending, picks, better = _fast._scaled_pick(None, scaled, float("inf"), [scaled.assignment(first.choice)],
@@ -314,7 +323,6 @@ def test_the_pick_of_the_scaled_model_compiles_beside_the_first_when_it_is_faste
 
 
 def test_the_first_pick_is_hedged_for_the_scale_not_known_before_the_step_compiles(monkeypatch):
-    from remat.analysis import budget
     from remat.planner import _fast
 
     # at a byte of temp per byte of peak, keeping both regions (24 MiB, 20 ms) is fastest;
@@ -327,22 +335,20 @@ def test_the_first_pick_is_hedged_for_the_scale_not_known_before_the_step_compil
     hedged = _fast._hedged(guess, float("inf"), first)
     assert hedged.choice == (1, 0) and hedged.ms == pytest.approx(22.0)
     # without faults to charge, every scale picks the same
-    monkeypatch.setitem(budget._RATES, "fault_s_per_byte", 0.0)
+    guess = dataclasses.replace(guess, rates=faults(0.0))
     assert _fast._hedged(guess, float("inf"), first) == first
 
 
 def test_a_fitting_pick_climbs_where_the_temp_bytes_follow_a_line_with_an_offset(monkeypatch):
-    from remat.analysis import budget
     from remat.planner import _fast
     from remat.planner._candidate import PlanCandidate
 
-    monkeypatch.setitem(budget._RATES, "fault_s_per_byte", 0.0)
     # four regions, each kept (4 bytes, 1 ms) or recomputed (1 byte, 2 ms); XLA's temp is
     # the predicted peak less 6 (the MLP's shape): 10 un-checkpointed, so a budget of 0.75
     # allows 7.5, which a bound proportional to the peak puts at a peak of 12, and the line
     # at 13.5
     opts = (RegionOption(4.0, 1.0), RegionOption(1.0, 2.0))
-    model = _fast.RegionModel((NONE, "nothing"), (opts,) * 4, (4.0,) * 4, 10 / 16)
+    model = _fast.RegionModel((NONE, "nothing"), (opts,) * 4, (4.0,) * 4, 10 / 16, rates=faults(0.0))
     limit = 7.5
     pick = _fast._fastest(model, 0.75 * 16)
     assert pick.choice == (1, 1, 0, 0) and pick.peak == 10.0
@@ -359,17 +365,15 @@ def test_a_fitting_pick_climbs_where_the_temp_bytes_follow_a_line_with_an_offset
 
 
 def test_a_climb_that_keeps_more_needs_less_predicted_gain(monkeypatch):
-    from remat.analysis import budget
     from remat.planner import _fast
     from remat.planner._candidate import PlanCandidate
 
-    monkeypatch.setitem(budget._RATES, "fault_s_per_byte", 0.0)
 
     def climbed(recompute_ms: float, slower_fitting: bool = False):
         # as above: four regions, kept (4 bytes, 1 ms) or recomputed (1 byte); the pick
         # recomputes two, and the line puts one recomputed (13 bytes of peak) at 7 <= 7.5
         opts = (RegionOption(4.0, 1.0), RegionOption(1.0, recompute_ms), RegionOption(4.0, 5.0))
-        model = _fast.RegionModel((NONE, "nothing", "dots"), (opts,) * 4, (4.0,) * 4, 10 / 16)
+        model = _fast.RegionModel((NONE, "nothing", "dots"), (opts,) * 4, (4.0,) * 4, 10 / 16, rates=faults(0.0))
         fitting = [model.assignment((1, 1, 0, 0))]
         if slower_fitting:  # a slower one that fits and keeps as much as every region kept
             fitting.append(model.assignment((2, 2, 2, 2)))
@@ -388,17 +392,15 @@ def test_a_climb_that_keeps_more_needs_less_predicted_gain(monkeypatch):
 
 
 def test_an_assignment_the_line_puts_just_over_the_limit_compiles_too(monkeypatch):
-    from remat.analysis import budget
     from remat.planner import _fast
     from remat.planner._candidate import PlanCandidate
 
-    monkeypatch.setitem(budget._RATES, "fault_s_per_byte", 0.0)
     # four regions, kept (4 bytes, 1 ms) or recomputed (1 byte, 2 ms); XLA's temp bytes are
     # flat (4) at the bottom, as the MLP's are: un-checkpointed 16 bytes of peak compile
     # to 10, three regions recomputed (a peak of 7) to 4, so the line through the two puts
     # two recomputed (a peak of 10) at 6, over a limit of 5.6 but within TEMP_ERROR of it
     opts = (RegionOption(4.0, 1.0), RegionOption(1.0, 2.0))
-    model = _fast.RegionModel((NONE, "nothing"), (opts,) * 4, (4.0,) * 4, 10 / 16)
+    model = _fast.RegionModel((NONE, "nothing"), (opts,) * 4, (4.0,) * 4, 10 / 16, rates=faults(0.0))
     pick = model.assignment((1, 1, 1, 0))
     assert pick.peak == 7.0
     spec = model.spec(pick)
@@ -413,14 +415,12 @@ def test_an_assignment_the_line_puts_just_over_the_limit_compiles_too(monkeypatc
 
 
 def test_the_fastest_without_an_option_never_takes_it(monkeypatch):
-    from remat.analysis import budget
     from remat.planner import _fast
 
-    monkeypatch.setitem(budget._RATES, "fault_s_per_byte", 0.0)
     # the second opinion makes the pick's main option infinitely slow: no assignment it
     # gives may take that option, however lean (here every fitting one would)
     opts = (RegionOption(4.0, 1.0), RegionOption(1.0, 2.0), RegionOption(2.0, 1.5))
-    model = _fast.RegionModel((NONE, "nothing", "dots"), (opts,) * 3, (4.0,) * 3, 1.0)
+    model = _fast.RegionModel((NONE, "nothing", "dots"), (opts,) * 3, (4.0,) * 3, 1.0, rates=faults(0.0))
     best = _fast._fastest(model, 6.0)
     assert best.choice == (1, 1, 0)
     assert _fast._other(model, 6.0, best) is None

@@ -16,8 +16,8 @@ identical structure, such as the blocks of a transformer, share it):
    candidate, since a JAX policy decides per operation, not per value.
 2. **Costs.** Each candidate's bytes are its output bytes; its recompute cost is
    estimated from FLOPs for ``dot_general``/convolutions and from bytes moved for all
-   other (element-wise, reduction, data-movement) work, at rates that
-   :func:`calibrate` can measure on this machine.
+   other (element-wise, reduction, data-movement) work, at the rates
+   :func:`remat.analysis.machine.calibrate` measured in this process, if it ran.
 3. **Knapsack.** Maximise the recompute cost saved subject to the byte limit: exactly
    (a Pareto-frontier dynamic programme) up to ``exact_limit`` candidates, greedily by
    cost per byte beyond.
@@ -37,22 +37,11 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from remat._core.hooks import RegionChooser
-from remat._core.residuals import aval_nbytes, format_bytes, itemsize, saved_residuals
-from remat.analysis.allocator import FRESH_MAP_BYTES, fault_s_per_byte
+from remat._core.residuals import aval_nbytes, format_bytes, saved_residuals
+from remat.analysis.machine import Rates, current_rates, op_cost
 
-# Recompute-cost rates (FLOP/s for matmul-like work, bytes/s for memory-bound work);
-# calibrate() replaces them with figures measured on this machine.
-# until calibrate() measures this machine (no page-fault cost until it is measured)
-_RATES = {"flops_per_s": 2.0e10, "bytes_per_s": 5.0e9, "fault_s_per_byte": 0.0}
-_calibrated = False
-
-
-__all__ = ["KeepChosen", "KeepableOp", "ResidualBudget", "ResidualBudgetChoice", "calibrate", "calibrate_once",
-           "calibrated", "calibration_programs",
-           "knapsack", "op_cost", "op_work", "rates", "residual_budget"]
+__all__ = ["KeepChosen", "KeepableOp", "ResidualBudget", "ResidualBudgetChoice", "knapsack", "residual_budget"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,11 +156,12 @@ class ResidualBudget(RegionChooser):
         else:
             assert self.bytes is not None  # __post_init__ admits exactly one of the two
             limit = self.bytes
-        cache_key = (tuple(c[0] for c in calls), _shapes(inputs), limit)
+        rates = current_rates()  # a calibration since the last choice re-prices the candidates
+        cache_key = (tuple(c[0] for c in calls), _shapes(inputs), limit, rates)
         if cache_key in self._cache:
             self.last_choice = self._cache[cache_key]
             return self.last_choice
-        candidates = _candidates(calls)
+        candidates = _candidates(calls, rates)
         if limit >= everything:
             choice = ResidualBudgetChoice(limit, everything, everything, tuple(candidates), (), "everything",
                                           _everything)
@@ -269,123 +259,6 @@ def knapsack(weights: Sequence[int], values: Sequence[float], capacity: int, *,
     return sorted(picked), "greedy"
 
 
-def _elementwise_length(size: int) -> int:
-    """The element-wise calibration program's length: four matmul operands' worth of floats."""
-    return 4 * size * size
-
-
-def calibration_programs(size: int = 512) -> list[Callable[[], Any]]:
-    """The programs :func:`calibrate` times, compiled: a ``size`` x ``size`` matmul and an
-    element-wise pass over ``4 * size**2`` floats (compiling them is not timed, so it may
-    run beside other work, e.g. in a background thread while the caller traces)."""
-    import functools
-
-    import jax
-
-    a = jax.device_put(np.ones((size, size), np.float32))
-    v = jax.device_put(np.ones((_elementwise_length(size),), np.float32))
-    mm = jax.jit(lambda a: a @ a).lower(a).compile()
-    ew = jax.jit(lambda v: v * 1.5 + 1.0).lower(v).compile()
-    return [functools.partial(mm, a), functools.partial(ew, v)]
-
-
-def calibrate(size: int = 512, repeat: int = 5,
-              programs: Sequence[Callable[[], Any]] | None = None) -> dict[str, float]:
-    """Measures this machine's matmul FLOP rate, memory-bound byte rate and what a temp
-    buffer mapped afresh costs per byte (:func:`remat.analysis.allocator.fault_s_per_byte`)
-    for the cost model.
-
-    Args:
-      size: the matmul's side (:func:`calibration_programs`).
-      repeat: timed samples of each program; the rates are their medians.
-      programs: :func:`calibration_programs` of ``size``, compiled already (default: here).
-
-    Returns:
-      The rates now in use (:func:`rates`).
-    """
-    import jax
-
-    from remat.analysis.timing import time_programs
-
-    programs = calibration_programs(size) if programs is None else programs
-    # a sample averages 10 ms of calls (the fastest single call of a sub-millisecond program
-    # varies several-fold between runs); the rates are the medians of `repeat` samples each, after
-    # two untimed rounds of samples: the first samples of a process run at up to half speed
-    time_programs(programs, rounds=2, min_sample_s=0.01)
-    mm_s, ew_s = (max(t, 1e-9) for t in time_programs(programs, rounds=repeat, min_sample_s=0.01).medians_s())
-
-    global _calibrated
-    _RATES["flops_per_s"] = 2 * size**3 / mm_s
-    _RATES["bytes_per_s"] = 2 * _elementwise_length(size) * np.float32().nbytes / ew_s  # read and written
-    # XLA:CPU mallocs its temp buffer at every step; accelerators keep theirs in a pool
-    _RATES["fault_s_per_byte"] = fault_s_per_byte() if jax.default_backend() == "cpu" else 0.0
-    _calibrated = True
-    return dict(_RATES)
-
-
-def rates() -> dict[str, float]:
-    """The cost model's rates in use: ``flops_per_s``, ``bytes_per_s`` and ``fault_s_per_byte``."""
-    return dict(_RATES)
-
-
-def fault_ms(temp_bytes: float, threshold: float = FRESH_MAP_BYTES) -> float:
-    """Milliseconds an XLA:CPU step whose temp buffer is ``temp_bytes`` spends on faulting
-    it in afresh, at every execution: none below glibc's mmap threshold
-    (:data:`remat.analysis.allocator.FRESH_MAP_BYTES`), where the freed buffer is reused.
-    A predicted buffer may be charged from a lower ``threshold``, for the prediction's error."""
-    if temp_bytes < threshold:
-        return 0.0
-    return 1e3 * _RATES["fault_s_per_byte"] * temp_bytes
-
-
-def calibrated() -> bool:
-    """Whether this process has run :func:`calibrate` (the rates are measured, not defaults)."""
-    return _calibrated
-
-
-def calibrate_once(programs: Callable[[], Sequence[Callable[[], Any]]] | None = None) -> dict[str, float]:
-    """:func:`calibrate` on first use in this process (about a second); the rates after.
-
-    ``programs``: returns :func:`calibration_programs` (e.g. a background compile's
-    ``Future.result``), called only if this process has not calibrated yet.
-    """
-    if _calibrated:
-        return dict(_RATES)
-    return calibrate(programs=None if programs is None else programs())
-
-
-def op_cost(primitive: str, avals: Sequence[Any], params: dict, out_bytes: int) -> float:
-    """Estimated seconds to recompute one operation (the cost model of the knapsack)."""
-    flops, moved = op_work(primitive, avals, params, out_bytes)
-    return moved / _RATES["bytes_per_s"] + flops / _RATES["flops_per_s"]
-
-
-def op_work(primitive: str, avals: Sequence[Any], params: dict, out_bytes: int) -> tuple[float, float]:
-    """The work of one operation, unfused: ``(FLOPs of a matmul or convolution, bytes read
-    and written)``; :func:`op_cost` prices it at this machine's rates.
-
-    Example:
-      >>> import jax, numpy as np
-      >>> op_work("exp", [jax.ShapeDtypeStruct((8, 4), np.float32)], {}, 128)
-      (0.0, 256.0)
-    """
-    moved = float(sum(aval_nbytes(a) for a in avals) + out_bytes)
-    flops = 0.0
-    if primitive == "dot_general" and len(avals) >= 2:
-        (lhs_contract, _), _ = params["dimension_numbers"]
-        k = math.prod(avals[0].shape[d] for d in lhs_contract)
-        out_elems = out_bytes // max(itemsize(avals[0].dtype), 1)
-        flops = 2.0 * out_elems * k
-    elif primitive == "conv_general_dilated" and len(avals) >= 2:
-        rhs = avals[1]
-        groups = params.get("feature_group_count", 1) or 1
-        out_elems = out_bytes // max(itemsize(avals[0].dtype), 1)
-        kernel_elems = math.prod(rhs.shape)
-        out_features = rhs.shape[params["dimension_numbers"].rhs_spec[0]] if params.get("dimension_numbers") else 1
-        flops = 2.0 * out_elems * kernel_elems / max(out_features * groups, 1) * groups
-    return flops, moved
-
-
 # --- helpers ---------------------------------------------------------------------------
 
 def _everything(prim: Any, *avals: Any, **params: Any) -> bool:
@@ -423,14 +296,15 @@ def _out_bytes(prim: Any, avals: Sequence[Any], params: dict) -> int:
         return max((aval_nbytes(a) for a in avals), default=0)
 
 
-def _candidates(calls: list[tuple[tuple, Any, tuple, dict]]) -> list[KeepableOp]:
+def _candidates(calls: list[tuple[tuple, Any, tuple, dict]], rates: Rates) -> list[KeepableOp]:
     groups: dict[tuple, list] = {}
     for key, prim, avals, params in calls:
         groups.setdefault(key, [prim, avals, params, 0])[3] += 1
     out = []
     for key, (prim, avals, params, count) in groups.items():
         each = _out_bytes(prim, avals, params)
-        out.append(KeepableOp(key, prim.name, count, each * count, op_cost(prim.name, avals, params, each) * count))
+        cost = op_cost(prim.name, avals, params, each, rates)
+        out.append(KeepableOp(key, prim.name, count, each * count, cost * count))
     return out
 
 

@@ -1,7 +1,7 @@
 """Timing programs side by side: warm-up, interleaved rounds, medians.
 
 Every step time remat reports (:func:`remat.analysis.compare_policies`, :func:`remat.plan`,
-the cost model's :func:`remat.analysis.budget.calibrate`, the benchmarks) comes from
+the cost model's :func:`remat.analysis.machine.calibrate`, the benchmarks) comes from
 :func:`time_programs`. Programs are timed in rounds: each round runs every program once,
 in an order that rotates from round to round, so that a slow spell of the machine, or
 the program that happens to run first, is shared out instead of landing on one program.

@@ -69,7 +69,25 @@ def write_plot(path: str, losses: list[float], title: str) -> None:
         plt.close(fig)
 
 
-def sharded_training(model: Any, loss_of: Any, tx: Any, mesh: Any) -> tuple[Any, Any, Any]:
+def planned(path: str | None, train_step: Any) -> Any:
+    """``--plan FILE``: the saved plan applied to the training step (its regions checked at trace time)."""
+    if path is None:
+        return train_step
+    from remat.planner import Plan
+    from remat.planner.steering import PlanMismatch
+
+    applied = Plan.load(path).apply(train_step)
+
+    def step(*args: Any) -> Any:
+        try:
+            return applied(*args)
+        except PlanMismatch as e:  # raised while the step is traced, before it runs
+            raise UsageError(f"--plan {path}: {e}; plan this model with the same flags") from None
+
+    return step
+
+
+def sharded_training(model: Any, loss_of: Any, tx: Any, mesh: Any, plan: str | None = None) -> tuple[Any, Any, Any]:
     """The training state on ``mesh``, its shardings, and the jitted step that updates it.
 
     Args:
@@ -78,6 +96,7 @@ def sharded_training(model: Any, loss_of: Any, tx: Any, mesh: Any) -> tuple[Any,
       loss_of: ``loss_of(outputs, inputs, targets)``, a scalar.
       tx: the optax optimizer.
       mesh: the ``data``/``fsdp`` mesh (:func:`remat.cli._mesh.make_mesh`).
+      plan: a saved plan's path (:meth:`remat.Plan.save`), applied to the step; ``None``: as built.
 
     Returns:
       ``(state, shardings, step)``: ``state`` is ``(params, rest, opt_state)``, placed;
@@ -111,7 +130,7 @@ def sharded_training(model: Any, loss_of: Any, tx: Any, mesh: Any) -> tuple[Any,
         updates, opt_state = tx.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), new_rest, opt_state), loss
 
-    step = jax.jit(train_step, in_shardings=(shardings, batch, batch),
+    step = jax.jit(planned(plan, train_step), in_shardings=(shardings, batch, batch),
                    out_shardings=(shardings, _mesh.replicated(mesh)), donate_argnums=(0,))
     return state, shardings, step
 
@@ -166,7 +185,7 @@ def _main(args: argparse.Namespace) -> int:
 
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
     tx = make_optimizer(args.optimizer, lr)
-    state, shardings, step_fn = sharded_training(task.model, loss_of, tx, mesh)
+    state, shardings, step_fn = sharded_training(task.model, loss_of, tx, mesh, getattr(args, "plan", None))
     n_params = int(sum(x.size for x in jax.tree.leaves(state[0])))
     identity = {**task.identity, "optimizer": args.optimizer, "lr": lr, "batch_size": task.batch_size,
                 "seed": args.seed}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from typing import Any
 
@@ -39,9 +40,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     how.add_argument("--policy", default=None, choices=POLICIES,
                      help="the policy of every checkpointed block ('names': the model's tagged values; "
                           "'no_checkpoint': none). Default: nothing, as torch.utils.checkpoint")
-    how.add_argument("--plan", type=float, default=None, metavar="BUDGET",
+    how.add_argument("--plan", default=None, metavar="BUDGET|FILE",
                      help="explain the plan remat.plan finds for this memory budget (a fraction of the "
-                          "un-checkpointed step's compiled temp memory)")
+                          "un-checkpointed step's compiled temp memory), or the plan saved in FILE "
+                          "(remat plan MODEL ... --out FILE)")
     parser.add_argument("--checkpoint", action="append", default=None, metavar="CLASS",
                         help="checkpoint the modules of this class with remat.apply_checkpointing instead of the "
                              "model's own checkpoints (repeatable; with --policy: their policy)")
@@ -107,8 +109,11 @@ def _task(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UsageError(f"--top {args.top}: use at least 1")
-    if args.plan is not None and not 0 <= args.plan <= 1:
+    budget = _plan_budget(args.plan)
+    if budget is not None and not 0 <= budget <= 1:
         raise UsageError(f"--plan {args.plan}: use a fraction in [0, 1] (0: the leanest plan), e.g. --plan 0.5")
+    if args.plan is not None and budget is None and not os.path.isfile(args.plan):
+        raise UsageError(f"--plan {args.plan}: neither a budget in [0, 1] nor a saved plan's file")
     if args.plan is not None and args.checkpoint:
         raise UsageError("--plan re-decides the model's own checkpoints; leave out --checkpoint")
     validate_checkpoint_flags(args)
@@ -164,12 +169,26 @@ def _explain(args: argparse.Namespace) -> tuple[Any, str]:
     if args.dtype == "float64":
         step_args = jax.tree.map(cast, step_args)
     label = task.policy
-    if args.plan is not None:
+    if args.plan is not None and _plan_budget(args.plan) is None:  # a saved plan
+        from remat.planner import Plan
+
+        saved = Plan.load(args.plan)
+        assert saved.chosen is not None  # a saved plan is a feasible one
+        loss, label = saved.apply(loss), f"plan {args.plan}: {saved.chosen.label}"
+    elif args.plan is not None:
         from remat.planner import plan
 
-        result = plan(loss, *step_args, memory_budget=args.plan, repeat=3)
+        result = plan(loss, *step_args, memory_budget=float(args.plan), repeat=3)
         if result.chosen is None:
             raise UsageError(f"--plan {args.plan}: no plan fits; the minimum found is "
                              f"{result.minimum_bytes / result.none_temp_bytes:.2f} of no checkpoint")
         loss, label = result.apply(loss), f"plan for budget {args.plan}: {result.chosen.label}"
     return explain(jax.grad(loss), *step_args), label
+
+
+def _plan_budget(flag: str | None) -> float | None:
+    """``--plan``'s budget, where it is a number (None: not given, or a file name)."""
+    try:
+        return None if flag is None else float(flag)
+    except ValueError:
+        return None

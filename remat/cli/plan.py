@@ -26,9 +26,15 @@ EXAMPLE = "remat plan transformer --budget 0.5 --depth 8"
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL",
                         help="mlp, transformer, cnn, seed-model, seed-mymodel or path/to/file.py:factory")
-    parser.add_argument("--memory-budget", "--budget", dest="memory_budget", type=float, required=True, metavar="F",
-                        help="the whole step's compiled temp memory allowed, as a fraction in [0, 1] of no "
-                             "checkpoint; 0: the leanest plan found (--budget is the shorter spelling)")
+    limit = parser.add_mutually_exclusive_group(required=True)
+    limit.add_argument("--memory-budget", "--budget", dest="memory_budget", type=float, default=None, metavar="F",
+                       help="the whole step's compiled temp memory allowed, as a fraction in [0, 1] of no "
+                            "checkpoint; 0: the leanest plan found (--budget is the shorter spelling)")
+    limit.add_argument("--memory-limit", dest="memory_limit", default=None, metavar="BYTES",
+                       help="the most the compiled step may hold on one device (arguments + outputs + temp), "
+                            "e.g. 6GiB, 512MiB, 8GB or a plain number of bytes")
+    parser.add_argument("--out", default=None, metavar="FILE",
+                        help="save the chosen plan as JSON (remat train/explain MODEL --plan FILE apply it)")
     parser.add_argument("--depth", type=int, default=None, help="number of blocks (built-in models)")
     parser.add_argument("--width", type=int, default=None, help="block width (built-in models)")
     parser.add_argument("--batch-size", type=int, default=None, help="batch size (default: the model's)")
@@ -50,9 +56,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not 0 <= args.memory_budget <= 1:
+    from remat.planner._units import parse_bytes
+
+    if args.memory_budget is not None and not 0 <= args.memory_budget <= 1:
         raise UsageError(f"--budget {args.memory_budget}: use a fraction in [0, 1] (0: the leanest plan), "
                          "e.g. --budget 0.5")
+    try:
+        memory_limit = None if args.memory_limit is None else parse_bytes(args.memory_limit)
+    except ValueError as e:
+        raise UsageError(f"--memory-limit {args.memory_limit}: {e}") from None
+    if args.out is not None and not args.out.strip():
+        raise UsageError("--out: give a file name")
     if args.repeat < 1:
         raise UsageError("--repeat must be at least 1")
     validate_checkpoint_flags(args)
@@ -72,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     if mesh is not None:
         _mesh.check_batch(task.batch_size, mesh)
         step_args = _mesh.shard_step_args(step_args, mesh)
-    result = plan(loss, *step_args, memory_budget=budget, repeat=args.repeat, exhaustive=args.exhaustive,
+    result = plan(loss, *step_args, memory_budget=budget, memory_limit=memory_limit, repeat=args.repeat,
+                  exhaustive=args.exhaustive,
                   second_opinion=args.second_opinion,
                   progress=lambda line: print(line, file=sys.stderr, flush=True))
     plan_s = result.plan_s or 0.0  # plan() always measures it
@@ -80,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
     # shares the cores; one more compile, alone, is the fair yardstick
     compile_alone_s = _compile_alone_s(loss, step_args, result) if args.json else None
     modules = _module_choices(loss, step_args, result.chosen) if args.checkpoint else []
+    if args.out is not None and result.chosen is not None:
+        result.save(args.out)
     if args.json:
         print_json({"model": task.name, "checkpoint": args.checkpoint, "mesh": sizes,
                     "modules": [{"path": p, "policy": s} for p, s in modules],
@@ -93,17 +110,26 @@ def run(args: argparse.Namespace) -> int:
                  "yes" if c.fits else "no", "-" if c.predicted_ms is None else f"{c.predicted_ms:.2f}",
                  "-" if c.measured_ms is None else f"{c.measured_ms:.2f}"] for c in result.candidates]
         per_device = f" per device of mesh {_mesh.mesh_label(sizes)}" if sizes is not None else ""
-        print_table(f"remat plan {task.name}: budget {budget} of {result.none_temp_bytes / mib:.1f} MiB "
+        asked = (f"budget {budget}" if budget is not None
+                 else f"limit {args.memory_limit} per device: budget {result.memory_budget:.3g}")
+        print_table(f"remat plan {task.name}: {asked} of {result.none_temp_bytes / mib:.1f} MiB "
                     f"compiled temp memory{per_device}, {result.num_regions} regions"
                     + (f" ({task.policy})" if args.checkpoint else ""),
                     ["candidate", "temp MiB", "of none", "fits", "predicted ms", "measured ms"], rows)
         if result.chosen is None:
-            print(f"the budget cannot be met: the minimum found is {result.minimum_bytes / mib:.1f} MiB "
-                  f"({result.minimum_bytes / result.none_temp_bytes:.2f} of no checkpoint); "
-                  "raise --budget or use remat.scan for stacks of identical layers")
+            if memory_limit is not None:
+                print(result.shortfall())
+            else:
+                print(f"the budget cannot be met: the minimum found is {result.minimum_bytes / mib:.1f} MiB "
+                      f"({result.minimum_bytes / result.none_temp_bytes:.2f} of no checkpoint); "
+                      "raise --budget or use remat.scan for stacks of identical layers")
         else:
             chosen_bytes, chosen_ms = result.chosen.temp_bytes or 0, result.chosen.speed_ms() or float("nan")
             print(f"plan: {result.chosen.label} ({chosen_bytes / mib:.1f} MiB, {chosen_ms:.2f} ms per step)")
+            if result.device_bytes is not None:
+                print(f"on one device: {result.device_bytes / mib:.1f} MiB (arguments, outputs and temp)")
+            if args.out is not None:
+                print(f"saved to {args.out}")
             if modules:
                 print("per module: " + ", ".join(f"{p} {s}" for p, s in modules))
             for line in result.why():
@@ -131,7 +157,8 @@ def _compile_alone_s(loss: Any, step_args: tuple, result: Any) -> float:
     """Seconds one compile of the un-checkpointed step takes with nothing else running."""
     import time
 
-    from remat.planner import apply_policies, lower_step
+    from remat.planner.programs import lower_step
+    from remat.planner.steering import apply_policies
 
     none = next(c for c in result.candidates if c.label == "no checkpoint")
     lowered = lower_step(apply_policies(loss, none.policies, scan=none.scan), step_args)
@@ -142,12 +169,13 @@ def _compile_alone_s(loss: Any, step_args: tuple, result: Any) -> float:
 
 def _module_choices(loss: Any, step_args: tuple, chosen: Any) -> list[tuple[str, str]]:
     """``--checkpoint``: the plan's choice for each module apply_checkpointing selected."""
-    from remat.planner import _spec_label, region_paths
+    from remat.planner import region_paths
+    from remat.policies import policy_name
 
     if chosen is None:
         return []
     paths = region_paths(loss, *step_args)
     if len(paths) != len(chosen.policies):
         return []
-    return [(".".join(map(str, p)) if p is not None else "(by hand)", _spec_label(s))
+    return [(".".join(map(str, p)) if p is not None else "(by hand)", policy_name(s))
             for p, s in zip(paths, chosen.policies)]

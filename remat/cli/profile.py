@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
 
     from remat.analysis import compare_policies
     from remat.models.tasks import pure_step_loss
-    from remat.planner import NONE, apply_policies, count_regions
+    from remat.planner.steering import apply_policies, count_regions
+    from remat.policies import NO_CHECKPOINT as NONE
 
     # every block is a checkpointed region; each policy is applied to all of them at trace time
     task = build_task(args)

@@ -8,6 +8,7 @@ command runs, so ``remat --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from remat._names import POLICY_NAMES
@@ -56,6 +57,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--residual-budget", dest="residual_budget", type=float, default=None, metavar="F",
                        help="per block, keep at most this fraction (0 < F <= 1) of its residual bytes "
                             "(remat.residual_budget)")
+    group.add_argument("--plan", default=None, metavar="FILE",
+                       help="apply the plan `remat plan MODEL ... --out FILE` saved (same model flags)")
     add_checkpoint_flags(parser, every_aliases=("--every",))
     parser.add_argument("--depth", type=int, default=None, help="number of blocks (built-in models)")
     parser.add_argument("--width", type=int, default=None,
@@ -88,6 +91,8 @@ def validate(args: argparse.Namespace) -> None:
     """Checks everything that needs no JAX; raises :class:`UsageError`."""
     if args.steps < 1:
         raise UsageError(f"--steps must be at least 1, got {args.steps}")
+    if args.plan is not None and not os.path.isfile(args.plan):
+        raise UsageError(f"--plan {args.plan}: no such file (save one with remat plan MODEL ... --out FILE)")
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.lr is not None and not args.lr > 0:

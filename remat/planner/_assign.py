@@ -34,6 +34,15 @@ class Assignment(NamedTuple):
     ms: float
 
 
+#: Turns "a peak of at most ``p``" into "below ``p``" (:func:`below`) despite float rounding.
+JUST_BELOW = 1 - 1e-9
+
+
+def below(top: float) -> float:
+    """The largest peak bound that excludes a peak of ``top``: the next leaner assignments."""
+    return top * JUST_BELOW
+
+
 def peak(kept: Sequence[float], working: Sequence[float]) -> float:
     """The predicted peak of a step whose regions keep ``kept`` bytes each, in order.
 
@@ -204,21 +213,6 @@ def ranked_within(options: Sequence[Sequence[RegionOption]], working: Sequence[f
                 found = solve(part)
                 if found is not None:
                     heapq.heappush(heap, (found.ms, next(ties), found, part))
-
-
-def leanest(options: Sequence[Sequence[RegionOption]], working: Sequence[float]) -> Assignment:
-    """The assignment of least :func:`peak`, the fastest among those: each region's option
-    that keeps least minimizes every prefix sum at once, so its peak is the least there is.
-
-    Example:
-      >>> opts = [RegionOption(0, 3.0), RegionOption(4, 1.0)]
-      >>> leanest([opts] * 3, [4] * 3).peak
-      4.0
-    """
-    least = peak([min(o.kept for o in choices) for choices in options], working)
-    found = fastest_within(options, working, least)
-    assert found is not None  # the least-keeping choices meet their own peak
-    return found
 
 
 def describe(labels: Sequence[str]) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
-from remat.planner.programs import _spec_label
 from remat.planner.steering import Binomial
+from remat.policies import policy_name
 
 
 class CandidateSpec(NamedTuple):
@@ -20,11 +20,11 @@ class CandidateSpec(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class PlanCandidate:
-    """One way to run the step: a label and a policy (or ``NONE``) for each region.
+    """One way to run the step: a label and a policy (or ``NO_CHECKPOINT``) for each region.
 
     Attributes:
       label: how the plan names it, e.g. ``"all: dots"`` or ``"first 3: nothing, rest dots"``.
-      policies: the policy of each checkpointed region, in trace order (``NONE``: not checkpointed).
+      policies: the policy of each checkpointed region, in trace order (``NO_CHECKPOINT``: not checkpointed).
       temp_bytes: the compiled step's temp memory (None: not compiled, predicted not to fit).
       predicted_ms: the step time XLA's cost analysis predicts at this machine's rates.
       measured_ms: the median measured step time (None: not timed).
@@ -86,9 +86,9 @@ class PlanCandidate:
         return self.temp_bytes is not None and self.temp_bytes <= limit
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "policies": [_spec_label(p) for p in self.policies],
+        return {"label": self.label, "policies": [policy_name(p) for p in self.policies],
                 "scan": None if self.scan is None else {
-                    "policy": _spec_label(self.scan[0]),
+                    "policy": policy_name(self.scan[0]),
                     "groups": str(self.scan[1]) if isinstance(self.scan[1], Binomial) else self.scan[1]},
                 "sequential_segments": self.sequential, "whole_step": self.whole_step,
                 "residual_bytes": self.residual_bytes, "temp_bytes": self.temp_bytes, "predicted_ms": self.predicted_ms,

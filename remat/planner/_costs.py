@@ -11,8 +11,8 @@ import numpy as np
 from remat import _jax as xb
 from remat._core.lowering import classic_checkpoint
 from remat._core.residuals import aval_nbytes
-from remat.analysis.budget import op_work, rates
-from remat.planner._search import _BACKGROUND, MEMORY_ONLY, compile_all
+from remat.analysis.machine import Rates, op_work
+from remat.planner._search import BACKGROUND, MEMORY_ONLY, compile_all
 from remat.planner.steering import apply_policies
 from remat.policies import is_no_checkpoint, resolve_policy
 
@@ -27,7 +27,8 @@ class RegionCosts(NamedTuple):
     options: list[Any]
 
 
-def region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options: Sequence[Any]) -> RegionCosts | None:
+def region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options: Sequence[Any], *,
+                 rates: Rates) -> RegionCosts | None:
     """Each region's predicted recompute time and kept bytes under each option.
 
     One trace of the step with every region checkpointed shows each region's body. Under
@@ -35,11 +36,11 @@ def region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options: Sequ
     backward function) shows what JAX's partial evaluation recomputes: the work beyond the
     un-checkpointed body's forward and backward (:func:`_vjp_work`). A matmul, a
     convolution or a reduction costs its FLOPs and the bytes it reads and writes
-    (:func:`remat.analysis.budget.op_work`); another operation fuses into the backward
+    (:func:`remat.analysis.machine.op_work`); another operation fuses into the backward
     pass's fusion that reads it, and costs one FLOP an output element (none if it only
     moves data). The FLOPs are scaled by XLA's count over this one for the whole forward
     (one compile of each distinct body's forward, without LLVM's code generation), and
-    the work is priced at this machine's rates. Not checkpointed, a region recomputes
+    the work is priced at ``rates``. Not checkpointed, a region recomputes
     nothing. The kept bytes are exact: the residuals of the same ``jax.vjp``. Each
     distinct body is traced once per option (a stack of identical blocks traces one).
 
@@ -47,22 +48,23 @@ def region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options: Sequ
       step_fn: the step.
       args: its example arguments.
       n: the number of checkpointed regions one trace goes through.
-      options: the choices (``NONE``, a policy name, checkpoint names, a JAX policy).
+      options: the choices (``NO_CHECKPOINT``, a policy name, checkpoint names, a JAX policy).
+      rates: the machine's rates (:func:`remat.analysis.machine.calibrate`).
 
     Returns:
       The costs, ``[region][option]``, or None when the trace does not show the ``n``
       regions as checkpoint equations outside any loop (a scan's body, say).
 
     Example:
-      >>> region_costs(loss, (params, x), 4, [NONE, "nothing", "dots"]).ms[0]  # doctest: +SKIP
+      >>> region_costs(loss, (params, x), 4, [NO_CHECKPOINT, "nothing", "dots"], rates=rates).ms[0]  # doctest: +SKIP
       [0.0, 0.021, 0.008]
     """
-    finish = start_region_costs(step_fn, args, n, options)
+    finish = start_region_costs(step_fn, args, n, options, rates=rates)
     return None if finish is None else finish()
 
 
-def start_region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options: Sequence[Any],
-                       jaxpr: Any = None) -> Callable[[], RegionCosts] | None:
+def start_region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options: Sequence[Any], *,
+                       rates: Rates, jaxpr: Any = None) -> Callable[[], RegionCosts] | None:
     """:func:`region_costs` in two halves: the step's trace here (or ``jaxpr``, that trace
     made already, every region checkpointed with policy ``"nothing"``), which starts the
     compiles of its distinct region bodies in the background; the rest in the function
@@ -76,19 +78,19 @@ def start_region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options
     # distinct body's forward in the background, to show what its fusion saves
     keys = [(str(body), computed) for computed, body in bodies]
     distinct = dict(zip(keys, (body for _, body in bodies)))
-    fusing = {key: _BACKGROUND.submit(_compiled_work, body) for key, body in distinct.items()}
-    return lambda: _priced(keys, distinct, fusing, list(options))
+    fusing = {key: BACKGROUND.submit(_compiled_work, body) for key, body in distinct.items()}
+    return lambda: _priced(keys, distinct, fusing, list(options), rates)
 
 
 Key = tuple[str, tuple[bool, ...]]  # a region body, printed, and which of its inputs the step computed
 
 
-def _priced(keys: list[Key], distinct: dict[Key, Any], fusing: dict[Key, Any], options: list[Any]) -> RegionCosts:
+def _priced(keys: list[Key], distinct: dict[Key, Any], fusing: dict[Key, Any], options: list[Any],
+            rates: Rates) -> RegionCosts:
     """The costs of the regions ``keys`` (in order), one trace of each distinct body's
     forward and backward pass per option, its work scaled by what XLA's compile of its
     forward (``fusing``) counted."""
     policies = [None if is_no_checkpoint(o) else resolve_policy(o) for o in options]
-    rate = rates()
     rows: dict[Key, tuple[list[float], list[int]]] = {}
     for key, body in distinct.items():
         traced = [_vjp_work(body, key[1], policy, checkpointed=not is_no_checkpoint(option))
@@ -103,7 +105,7 @@ def _priced(keys: list[Key], distinct: dict[Key, Any], fusing: dict[Key, Any], o
         fused, unfused = fusing[key].result(), _total(_work(e) for e in _leaf_eqns(body.jaxpr))
         # XLA's FLOPs over the cost model's, for the whole forward (1 where either count is missing)
         scale = fused[0] / unfused[0] if fused and fused[0] and unfused[0] else 1.0
-        rows[key] = ([1e3 * (f * scale / rate["flops_per_s"] + b / rate["bytes_per_s"])
+        rows[key] = ([1e3 * (f * scale / rates.flops_per_s + b / rates.bytes_per_s)
                       for f, b in work_row], kept_row)
     return RegionCosts([list(rows[k][0]) for k in keys], [list(rows[k][1]) for k in keys], list(options))
 
@@ -196,7 +198,7 @@ _MOVES = frozenset({"reshape", "broadcast_in_dim", "squeeze", "expand_dims", "tr
 
 
 def _work(eqn: Any) -> tuple[float, float]:
-    """``(FLOPs, bytes moved)`` of one operation (:func:`remat.analysis.budget.op_work`),
+    """``(FLOPs, bytes moved)`` of one operation (:func:`remat.analysis.machine.op_work`),
     the bytes only where its output is materialized (:data:`_MATERIALIZED`); another
     operation that computes costs one FLOP an output element, as XLA counts it."""
     name = eqn.primitive.name

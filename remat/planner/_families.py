@@ -1,28 +1,33 @@
 """The candidate families the planner weighs, as specs (what each candidate changes in the step)."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from remat import scan as _scan
 from remat.analysis.budget import ResidualBudget
 from remat.planner._candidate import CandidateSpec
-from remat.planner.steering import (
-    AS_WRITTEN,
-    NONE,
-    Binomial,
-    _common_divisors,
-    _sequential_segment_counts,
-    _Survey,
-)
-from remat.policies import PolicySpec, policy_name
+from remat.planner.steering import AS_WRITTEN, Binomial, Survey
+from remat.policies import NO_CHECKPOINT, PolicySpec, policy_name
+
+#: The fixed policies the planner tries on every region (``remat.plan(policies=)``'s default).
+PLANNED_POLICIES: tuple[PolicySpec, ...] = ("nothing", "dots_no_batch", "dots")
+#: The residual-budget fractions tried on every region by the compile-everything search.
+BUDGET_FRACTIONS = (0.25, 0.5, 0.75)
+#: Up to this many checkpoint names, each is also tried alone: more would multiply the options.
+FEW_NAMES = 4
+#: Scans at least this deep are also tried with binomial schedules: shallower ones have
+#: nothing to gain from nesting over equal groups.
+BINOMIAL_DEPTH = 4
 
 
-def no_checkpoint_spec(survey: _Survey) -> CandidateSpec:
+def no_checkpoint_spec(survey: Survey) -> CandidateSpec:
     """No region checkpointed and every scan over layers unchecked and flat: the baseline."""
-    return CandidateSpec("no checkpoint", (NONE,) * survey.regions, (NONE, None) if survey.scan_depths else None)
+    scan = (NO_CHECKPOINT, None) if survey.scan_depths else None
+    return CandidateSpec("no checkpoint", (NO_CHECKPOINT,) * survey.regions, scan)
 
 
-def family_specs(survey: _Survey, policies: Sequence[PolicySpec],
+def family_specs(survey: Survey, policies: Sequence[PolicySpec],
                  budget_fractions: Sequence[float]) -> list[CandidateSpec]:
     """Every candidate of the fixed families, for a step with what ``survey`` found.
 
@@ -38,8 +43,8 @@ def family_specs(survey: _Survey, policies: Sequence[PolicySpec],
     specs = [CandidateSpec("as written", (AS_WRITTEN,) * n)]
     # the whole step checkpointed: only its inputs kept, its regions not checkpointed (one
     # recomputation of the forward) or each rematerialized again inside it
-    for inner in (NONE, AS_WRITTEN):
-        specs.append(CandidateSpec(f"whole step: nothing, regions {'as written' if inner == AS_WRITTEN else NONE}",
+    for inner in (NO_CHECKPOINT, AS_WRITTEN):
+        specs.append(CandidateSpec(f"whole step: nothing, regions {policy_name(inner)}",
                                    (inner,) * n, whole_step=True))
     if n:
         specs += [CandidateSpec(f"all: {policy_name(p)}", (p,) * n) for p in policies]
@@ -64,22 +69,22 @@ def name_groups(names: Sequence[str]) -> list[tuple[str, ...]]:
     """
     if not names:
         return []
-    return [tuple(names)] + ([(m,) for m in names] if 1 < len(names) <= 4 else [])
+    return [tuple(names)] + ([(m,) for m in names] if 1 < len(names) <= FEW_NAMES else [])
 
 
-def _name_specs(survey: _Survey) -> list[CandidateSpec]:
+def _name_specs(survey: Survey) -> list[CandidateSpec]:
     """Every region keeping the values the model's author tagged (:func:`name_groups`)."""
     return [CandidateSpec(f"all: {policy_name(g)}", (g,) * survey.regions) for g in name_groups(survey.names)]
 
 
-def _scan_specs(survey: _Survey, policies: Sequence[PolicySpec]) -> list[CandidateSpec]:
+def _scan_specs(survey: Survey, policies: Sequence[PolicySpec]) -> list[CandidateSpec]:
     """Every scan re-decided (the regions as written, e.g. inside the scanned layer): each
     policy flat, in equal groups, and in unequal binomial (Revolve-like) schedules of 1 and
     2 levels of nesting, which keep fewer layer inputs than any equal grouping."""
     depths = survey.scan_depths
     if not depths:
         return []
-    binomial = [Binomial(levels) for levels in (1, 2) if min(depths) >= 4]
+    binomial = [Binomial(levels) for levels in (1, 2) if min(depths) >= BINOMIAL_DEPTH]
     specs = []
     for p in policies:
         for groups in [None, *_common_divisors(depths), *binomial]:
@@ -93,3 +98,21 @@ def _scan_specs(survey: _Survey, policies: Sequence[PolicySpec]) -> list[Candida
             specs.append(CandidateSpec(f"scan: {policy_name(p)}, {shape}", (AS_WRITTEN,) * survey.regions,
                                        (p, groups)))
     return specs
+
+
+def _sequential_segment_counts(lengths: Sequence[int]) -> list[int]:
+    """Segment counts to try for checkpoint_sequential calls of these lengths.
+
+    2 (one checkpointed half), about sqrt(n) (Chen et al.'s anchor), n / 2 and n (every
+    function its own checkpointed segment but the last), for the longest call.
+    """
+    n = max(lengths)
+    return sorted({k for k in (2, 3, 4, round(math.sqrt(n)), n // 2, n) if 2 <= k <= n})
+
+
+def _common_divisors(depths: Sequence[int]) -> list[int]:
+    """Group counts that divide every scan's depth, excluding 1 and the depth itself."""
+    g = 0
+    for d in depths:
+        g = math.gcd(g, d)
+    return [k for k in range(2, g) if g % k == 0]

@@ -8,14 +8,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from remat.analysis.allocator import FRESH_MAP_BYTES
-from remat.analysis.budget import fault_ms
-from remat.planner._assign import Assignment, RegionOption, describe, front_within, peak, ranked_within
+from remat.analysis.machine import Rates, fault_ms
+from remat.planner._assign import Assignment, RegionOption, below, describe, front_within, peak, ranked_within
 from remat.planner._candidate import CandidateSpec, PlanCandidate
 from remat.planner._costs import RegionCosts
 from remat.planner._families import no_checkpoint_spec
-from remat.planner._search import CandidateSearch
-from remat.planner.programs import _spec_label
-from remat.planner.steering import NONE, _Survey
+from remat.planner._search import LEAN_SLACK, CandidateSearch
+from remat.planner.steering import Survey
+from remat.policies import is_no_checkpoint, policy_name
 
 #: How far under XLA's temp bytes the model's prediction for an assignment may be: a
 #: buffer predicted just under glibc's mmap threshold can compile just over it
@@ -36,11 +36,12 @@ class RegionModel:
     """What each region costs under each option (:func:`region_model`).
 
     Attributes:
-      policies: the options, ``NONE`` (not checkpointed) first.
+      policies: the options, ``NO_CHECKPOINT`` (not checkpointed) first.
       options: per region, per option, its kept bytes and predicted time.
       working: per region, its working set: what it keeps un-checkpointed.
       scale: compiled temp bytes per byte of predicted peak.
       offset: compiled temp bytes besides (``temp = offset + scale * peak``).
+      rates: the machine's rates, for the page faults of a predicted temp buffer.
     """
 
     policies: tuple[Any, ...]
@@ -48,13 +49,14 @@ class RegionModel:
     working: tuple[float, ...]
     scale: float
     offset: float = 0.0
+    rates: Rates = dataclasses.field(kw_only=True)
 
     def spec(self, a: Assignment) -> CandidateSpec:
         """The candidate that runs assignment ``a``."""
         policies = tuple(self.policies[j] for j in a.choice)
-        labels = [_spec_label(p) for p in policies]
+        labels = [policy_name(p) for p in policies]
         if len(set(labels)) == 1:
-            label = "no checkpoint" if policies[0] is NONE else f"all: {labels[0]}"
+            label = "no checkpoint" if is_no_checkpoint(policies[0]) else f"all: {labels[0]}"
         else:
             label = f"regions: {describe(labels)}"
         return CandidateSpec(label, policies)
@@ -62,7 +64,7 @@ class RegionModel:
     def assignment(self, choice: tuple[int, ...]) -> Assignment:
         """The assignment ``choice`` (an option index per region) with this model's predictions:
         its peak, and its time, the regions' times and the page faults of its predicted temp
-        buffer (:func:`remat.analysis.budget.fault_ms`).
+        buffer (:func:`remat.analysis.machine.fault_ms`).
 
         Where every region costs the same, only how many regions take each option matters
         (and the last region's option, see :func:`remat.planner._assign.peak`), so the
@@ -78,9 +80,9 @@ class RegionModel:
 
     def fault_ms(self, top: float) -> float:
         """The page faults of the temp buffer predicted for a peak of ``top`` bytes
-        (:func:`remat.analysis.budget.fault_ms`), charged from :data:`TEMP_ERROR` below the
+        (:func:`remat.analysis.machine.fault_ms`), charged from :data:`TEMP_ERROR` below the
         mmap threshold: a buffer predicted just under it may compile just over."""
-        return fault_ms(self._temp(top), (1 - TEMP_ERROR) * FRESH_MAP_BYTES)
+        return fault_ms(self._temp(top), self.rates, (1 - TEMP_ERROR) * FRESH_MAP_BYTES)
 
     def temp_bytes(self, a: Assignment) -> int:
         """The compiled temp bytes ``a`` is predicted to need."""
@@ -104,13 +106,14 @@ class RegionModel:
         return dataclasses.replace(self, scale=slope, offset=mean_t - slope * mean_p)
 
 
-def region_model(costs: RegionCosts, none: PlanCandidate | None = None) -> RegionModel:
+def region_model(costs: RegionCosts, rates: Rates, none: PlanCandidate | None = None) -> RegionModel:
     """The per-region costs: each option's kept bytes and recompute time
     (:func:`remat.planner._costs.region_costs`); a region's working set is what it keeps
     un-checkpointed.
 
     Args:
-      costs: :func:`remat.planner._costs.region_costs`, ``NONE`` first.
+      costs: :func:`remat.planner._costs.region_costs`, ``NO_CHECKPOINT`` first.
+      rates: the machine's rates.
       none: the un-checkpointed step, compiled (None: not yet; then ``scale`` is 1 and the
         predicted times leave out the step's own time, which every assignment shares).
 
@@ -120,17 +123,63 @@ def region_model(costs: RegionCosts, none: PlanCandidate | None = None) -> Regio
     """
     n = len(costs.ms)
     # each region's share of the step's own time (its page faults are each assignment's own)
-    base = ((none.predicted_ms or 0.0) - fault_ms(none.compiled_temp_bytes())) / n if none is not None else 0.0
+    base = ((none.predicted_ms or 0.0) - fault_ms(none.compiled_temp_bytes(), rates)) / n if none is not None else 0.0
     options = tuple(tuple(RegionOption(float(k), base + t) for t, k in zip(ms, kept))
                     for ms, kept in zip(costs.ms, costs.kept))
     working = tuple(o[0].kept for o in options)
-    model = RegionModel(tuple(costs.options), options, working, 1.0)
+    model = RegionModel(tuple(costs.options), options, working, 1.0, rates=rates)
     if none is None:
         return model
     return dataclasses.replace(model, scale=none.compiled_temp_bytes() / max(model.assignment((0,) * n).peak, 1.0))
 
 
-def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: RegionCosts,
+@dataclasses.dataclass
+class FastSearch:
+    """The state the default search's steps share (:func:`fast_search`).
+
+    Attributes:
+      search: the candidates traced and compiled.
+      costs: the regions' costs, ``NO_CHECKPOINT`` first.
+      budget: the memory budget, a fraction of the un-checkpointed step's temp bytes.
+      model: the per-region model: a guess until the un-checkpointed step compiles, then
+        scaled to it, then fitted to what compiled.
+      bound: the largest predicted peak weighed (the same whatever the scale).
+      picks: the assignments compiling now (``pending`` waits for them).
+      limit: the most compiled temp bytes allowed (0 until the un-checkpointed step compiles).
+      points: ``(predicted peak, compiled temp bytes)`` of everything compiled.
+      finalists: the compiled candidates, by label.
+    """
+
+    search: CandidateSearch
+    costs: RegionCosts
+    budget: float
+    model: RegionModel
+    bound: float
+    picks: list[Assignment] = dataclasses.field(default_factory=list)
+    pending: Pending | None = None
+    limit: int = 0
+    points: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    finalists: dict[str, PlanCandidate] = dataclasses.field(default_factory=dict)
+
+    def compile(self, picks: list[Assignment], model: RegionModel | None = None) -> None:
+        """Starts compiling ``picks`` (the assignments of ``model``, default this state's)."""
+        self.picks = picks
+        self.pending = _confirm(self.search, model or self.model, picks) if picks else None
+
+    def collect(self) -> list[PlanCandidate]:
+        """Waits for the picks compiling, and records them as finalists and points."""
+        assert self.pending is not None
+        confirmed, self.pending = self.pending(), None
+        self.finalists.update((c.label, c) for c in confirmed)
+        self.points += [(a.peak, c.compiled_temp_bytes()) for a, c in zip(self.picks, confirmed)]
+        return confirmed
+
+    def fits(self) -> bool:
+        """Whether a finalist fits the limit."""
+        return any(c.fits_in(self.limit) for c in self.finalists.values())
+
+
+def fast_search(search: CandidateSearch, survey: Survey, budget: float, costs: RegionCosts,
                 waiting: Pending, second_opinion: bool = False) -> tuple[PlanCandidate, list[PlanCandidate]]:
     """The un-checkpointed step, and the candidates weighed: every option on all regions
     (predicted, compiled only if chosen), the predicted runner-up, and the finalists, compiled.
@@ -141,22 +190,14 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
     ``second_opinion``, :func:`_other` too: the fastest without the pick's main policy).
     Neither needs a compile, so the pick (hedged over the scale not known yet,
     :func:`_hedged`) compiles in the background, beside the un-checkpointed step (the
-    budget's yardstick). Once a pick fits, a faster assignment that the compiled points
-    show room for compiles too (:func:`_climbed`). If no pick fits, the next two
-    assignments down the model's front (the fastest below the least predicted peak that
-    missed, and the fastest leaner than that) compile, at most ``ROUNDS`` rounds in all;
-    if still nothing fits, the leanest assignments compile (every region keeping least,
-    and the same with the last region un-checkpointed), so that the minimum reported is a
-    compiled one. For budget 0 the finalists are the fastest assignment within 1% of the
-    least predicted peak, and the leanest pair; while the fastest misses 1% above the
-    least compiled temp bytes, the next assignment in the model's ranking
-    (:func:`remat.planner._assign.ranked_within`) compiles, at most ``ROUNDS`` rounds in all.
+    budget's yardstick). Then :func:`_budget_rounds`, or for budget 0
+    :func:`_leanest_rounds`, compile until a pick fits.
 
     Args:
       search: the search, not yet calibrated.
       survey: the step's regions (no scan over layers, no ``checkpoint_sequential``).
       budget: the memory budget, a fraction of the un-checkpointed step's temp bytes.
-      costs: :func:`remat.planner._costs.region_costs` for ``NONE`` and the policies.
+      costs: :func:`remat.planner._costs.region_costs` for ``NO_CHECKPOINT`` and the policies.
       waiting: the un-checkpointed step's compile, started (the budget's yardstick, which
         compiles while the regions are costed and the pick is solved and lowered).
       second_opinion: compile and time :func:`_other` beside the pick.
@@ -164,85 +205,127 @@ def fast_search(search: CandidateSearch, survey: _Survey, budget: float, costs: 
     Returns:
       ``(the un-checkpointed step, the candidates)``.
     """
-    n = survey.regions
-    guess = region_model(costs)
+    guess = region_model(costs, search.rates)
     unchecked = search.cache[no_checkpoint_spec(survey).label]
     if unchecked.residual_bytes is None:  # staged untraced: what its regions keep
         search.cache[unchecked.label] = dataclasses.replace(unchecked, residual_bytes=int(sum(guess.working)))
-    bound = _bound(guess, budget)  # in predicted-peak bytes, the same whatever the scale
-    # predicted not to fit at all: the leanest compile at once, for the minimum reported
+    state = FastSearch(search, costs, budget, guess, _bound(guess, budget))
+    fastest = _first_picks(state, second_opinion)
+    none = _scaled(state, waiting())
+    if budget == 0:
+        _leanest_rounds(state)
+    else:
+        _budget_rounds(state, [state.model.assignment(a.choice) for a in fastest])
+    return none, [*_shown(state), *state.finalists.values()]
+
+
+def _first_picks(state: FastSearch, second_opinion: bool) -> list[Assignment]:
+    """Starts compiling the first picks of the guessed model, before the scale is known;
+    the fastest of them, which a pick of the scaled model may supersede (none for budget 0).
+
+    Predicted not to fit at all, the leanest compile at once, for the minimum reported."""
+    guess, bound, budget = state.model, state.bound, state.budget
     picks = _picks(guess, bound, budget, with_leaner=budget == 0, with_other=second_opinion)
     if picks and budget > 0:  # the fastest for the scale unknown yet
         picks = list({a.choice: a for a in [_hedged(guess, bound, picks[0]), *picks[1:]]}.values())
-    fastest = picks[:1] if budget > 0 else []  # what a pick of the scaled model may supersede
-    picks = picks or _lean_pair(guess)
-    pending = _confirm(search, guess, picks) if picks else None
-    none = waiting()[0]
-    limit = int(budget * none.compiled_temp_bytes())
-    search.calibrate(none, limit)
-    model = region_model(costs, none)
-    picks = [model.assignment(a.choice) for a in picks]
-    points = [(model.assignment((0,) * n).peak, float(none.compiled_temp_bytes()))]
-    for a in picks:  # their predictions, now with the step's own time and temp bytes
-        _estimated(search, model, a)
-    fastest = [model.assignment(a.choice) for a in fastest]  # scaled
-    scaled_model, best = model, None
-    if fastest and pending is not None:
-        pending, picks, best = _scaled_pick(search, model, bound, picks, pending)
-    finalists: dict[str, PlanCandidate] = {}
-    tried: set[tuple[RegionOption, ...]] = set()  # budget 0: what the assignments compiled cost, region by region
+    fastest = picks[:1] if budget > 0 else []
+    state.compile(picks or _lean_pair(guess))
+    return fastest
+
+
+def _scaled(state: FastSearch, waited: list[PlanCandidate]) -> PlanCandidate:
+    """The un-checkpointed step compiled (``waited``): the limit set, the model scaled to
+    its temp bytes and time, and the picks compiling re-predicted with it."""
+    none = waited[0]
+    state.limit = int(state.budget * none.compiled_temp_bytes())
+    state.search.calibrate(none, state.limit)
+    state.model = model = region_model(state.costs, state.search.rates, none)
+    state.picks = [model.assignment(a.choice) for a in state.picks]
+    state.points = [(model.assignment((0,) * len(model.options)).peak, float(none.compiled_temp_bytes()))]
+    for a in state.picks:  # their predictions, now with the step's own time and temp bytes
+        _estimated(state.search, model, a)
+    return none
+
+
+def _leanest_rounds(state: FastSearch) -> None:
+    """Budget 0: the least temp bytes compiled (the lean pair's) fix the limit; while the
+    predicted-fastest misses it by more than :data:`remat.planner._search.LEAN_SLACK` (the
+    model's peaks tie where XLA's differ by a few percent), the next fastest not compiled
+    yet in the model's ranking (:func:`remat.planner._assign.ranked_within`) compiles, at
+    most :data:`ROUNDS` rounds in all."""
+    tried: set[tuple[RegionOption, ...]] = set()  # what the assignments compiled cost, region by region
     for round_ in range(ROUNDS):
-        if pending is None:
-            break
-        confirmed = pending()
-        finalists.update((c.label, c) for c in confirmed)
-        points += [(a.peak, c.compiled_temp_bytes()) for a, c in zip(picks, confirmed)]
-        if budget == 0:
-            # the leanest: the least temp bytes compiled (the lean pair's) fix the limit; if
-            # the predicted-fastest missed it (the model's peaks tie where XLA's differ by a
-            # few percent), the next fastest not compiled yet, in the model's order
-            least = min(c.compiled_temp_bytes() for c in finalists.values())
-            if round_ == ROUNDS - 1 or confirmed[0].fits_in(int(1.01 * least)):
-                break
-            tried.update(_signature(model, a) for a in picks)
-            following = _next_ranked(model, bound, tried)
-            picks = [following] if following is not None else []
-            pending = _confirm(search, model, picks) if picks else None
-            continue
-        if any(c.fits_in(limit) for c in confirmed) or round_ == ROUNDS - 1:
-            break
-        # none fits: the next two assignments down the model's front, below the least
-        # predicted peak that missed (a walk that skips none, so that a lower budget never
-        # stops above a higher one's plan); their predictions refitted to what compiled
-        model = model.fitted(points)
-        bound = min(a.peak for a in picks) * (1 - 1e-9)
-        picks = _picks(model, bound, budget, with_leaner=True)
-        pending = _confirm(search, model, picks) if picks else None
-    line = model.fitted(points)  # through every compiled point
-    climbed = _climbed(line, limit, finalists) if budget > 0 and line is not model else None
+        if state.pending is None:
+            return
+        confirmed = state.collect()
+        least = min(c.compiled_temp_bytes() for c in state.finalists.values())
+        if round_ == ROUNDS - 1 or confirmed[0].fits_in(int(LEAN_SLACK * least)):
+            return
+        tried.update(_signature(state.model, a) for a in state.picks)
+        following = _next_ranked(state.model, state.bound, tried)
+        state.compile([following] if following is not None else [])
+
+
+def _budget_rounds(state: FastSearch, fastest: list[Assignment]) -> None:
+    """A budget over 0: the first picks, beside them the scaled model's own where it is
+    faster (:func:`_scaled_pick`); while none fits, the next two assignments down the
+    model's front, at most :data:`ROUNDS` rounds in all; then the climb (:func:`_climbed`);
+    and if still nothing fits, the leanest pair, so that the minimum reported is compiled."""
+    scaled, best = state.model, None
+    if fastest and state.pending is not None:
+        state.pending, state.picks, best = _scaled_pick(state.search, scaled, state.bound, state.picks,
+                                                        state.pending)
+    _walk_down(state)
+    line = state.model.fitted(state.points)  # through every compiled point
+    climbed = _climbed(line, state.limit, state.finalists) if line is not state.model else None
     if climbed is not None:
-        finalists.update((c.label, c) for c in _confirm(search, line, [climbed])())
-    # of the picks for one scale or another, those the scaled model predicts REPICK slower
-    # than the fastest of them that fits are not timed against it
-    fitting = [a for a in [*fastest, *([best] if best is not None else [])]
-               if (c := finalists.get(scaled_model.spec(a).label)) is not None and c.fits_in(limit)]
-    if fitting:
-        quickest = min(a.ms for a in fitting)
-        for a in fitting:
-            if quickest < (1 - REPICK) * a.ms:
-                label = scaled_model.spec(a).label
-                finalists[label] = dataclasses.replace(finalists[label], superseded=True)
-    if budget > 0 and not any(c.fits_in(limit) for c in finalists.values()):
-        finalists.update((c.label, c) for c in _confirm(search, model, _lean_pair(model))())
-    # every option on all regions, and the model's runner-up: predicted, not compiled
-    shown = [_estimated(search, model, model.assignment((j,) * n)) for j in range(1, len(model.policies))]
-    shown = [c for c in shown if c.label not in finalists]
-    best = _fastest(model, bound)
+        state.compile([climbed], line)
+        state.collect()
+    _supersede(state, scaled, [*fastest, *([best] if best is not None else [])])
+    if not state.fits():
+        state.compile(_lean_pair(state.model))
+        state.collect()
+
+
+def _walk_down(state: FastSearch) -> None:
+    """Compiles the picks; while none fits, the next two assignments down the model's
+    front, below the least predicted peak that missed (a walk that skips none, so that a
+    lower budget never stops above a higher one's plan), their predictions refitted to
+    what compiled."""
+    for round_ in range(ROUNDS):
+        if state.pending is None:
+            return
+        confirmed = state.collect()
+        if any(c.fits_in(state.limit) for c in confirmed) or round_ == ROUNDS - 1:
+            return
+        state.model = state.model.fitted(state.points)
+        state.bound = below(min(a.peak for a in state.picks))
+        state.compile(_picks(state.model, state.bound, state.budget, with_leaner=True))
+
+
+def _supersede(state: FastSearch, scaled: RegionModel, picks: list[Assignment]) -> None:
+    """Of ``picks`` (for one scale or another) that fit, those the ``scaled`` model predicts
+    :data:`REPICK` slower than the fastest of them are marked superseded: not timed."""
+    fitting = [a for a in picks
+               if (c := state.finalists.get(scaled.spec(a).label)) is not None and c.fits_in(state.limit)]
+    quickest = min((a.ms for a in fitting), default=float("inf"))
+    for a in fitting:
+        if quickest < (1 - REPICK) * a.ms:
+            label = scaled.spec(a).label
+            state.finalists[label] = dataclasses.replace(state.finalists[label], superseded=True)
+
+
+def _shown(state: FastSearch) -> list[PlanCandidate]:
+    """Every option on all regions, and the model's runner-up: predicted, not compiled."""
+    model, n = state.model, len(state.model.options)
+    shown = [_estimated(state.search, model, model.assignment((j,) * n)) for j in range(1, len(model.policies))]
+    shown = [c for c in shown if c.label not in state.finalists]
+    best = _fastest(model, state.bound)
     if best is not None:
-        up = _runner_up(model, bound, best, set(finalists))
+        up = _runner_up(model, state.bound, best, set(state.finalists))
         if up is not None:
-            shown.append(_estimated(search, model, up))
-    return none, [*shown, *finalists.values()]
+            shown.append(_estimated(state.search, model, up))
+    return shown
 
 
 #: How much faster (predicted) the pick of the model scaled to the compiled un-checkpointed
@@ -268,7 +351,7 @@ def _hedged(guess: RegionModel, bound: float, fastest: Assignment) -> Assignment
     The first pick is chosen before the un-checkpointed step compiles, so the scale is not
     known (XLA's temp is more than the predicted peak): it decides on which side of glibc's
     mmap threshold a buffer falls, that is, whether it pays page faults at every step
-    (:func:`remat.analysis.budget.fault_ms`). Where the threshold is not in play every
+    (:func:`remat.analysis.machine.fault_ms`). Where the threshold is not in play every
     scale picks the same.
     """
     models = [dataclasses.replace(guess, scale=s * guess.scale) for s in HEDGE_SCALES]
@@ -336,9 +419,9 @@ def _climbed(fitted: RegionModel, limit: float, finalists: dict[str, PlanCandida
 
 def _choice(model: RegionModel, c: PlanCandidate) -> tuple[int, ...] | None:
     """The option index of each region of candidate ``c`` (None: not a per-region assignment of ``model``)."""
-    labels = [_spec_label(p) for p in model.policies]
+    labels = [policy_name(p) for p in model.policies]
     try:
-        return tuple(labels.index(_spec_label(p)) for p in c.policies)
+        return tuple(labels.index(policy_name(p)) for p in c.policies)
     except ValueError:
         return None
 
@@ -384,7 +467,7 @@ def _picks(model: RegionModel, bound: float, budget: float, with_leaner: bool,
     if other is not None and other.choice != best.choice:
         picks.append(other)
     if with_leaner:
-        leaner = _lean_pair(model) if budget == 0 else [_fastest(model, best.peak * (1 - 1e-9))]
+        leaner = _lean_pair(model) if budget == 0 else [_fastest(model, below(best.peak))]
         picks += [a for a in leaner if a is not None]
     return list({a.choice: a for a in picks}.values())
 
@@ -410,7 +493,7 @@ def _other(model: RegionModel, bound: float, best: Assignment) -> Assignment | N
     most regions: a second opinion where the time model is least sure (predicted recompute
     times of two policies within a few percent have measured far apart on the benchmark's
     transformer, docs/planner.md), timed beside ``best``."""
-    used = [j for j in best.choice if j != 0]  # option 0 is NONE
+    used = [j for j in best.choice if j != 0]  # option 0 is NO_CHECKPOINT
     if not used:
         return None
     most = max(set(used), key=used.count)
@@ -429,7 +512,7 @@ def _lean_pair(model: RegionModel) -> list[Assignment]:
 def _runner_up(model: RegionModel, bound: float, best: Assignment, compiled: set[str]) -> Assignment | None:
     """The fastest assignment within ``bound`` other than ``best`` and not ``compiled``
     (labels): the fastest leaner one, or one that differs from ``best`` in one region."""
-    leaner = _fastest(model, best.peak * (1 - 1e-9))
+    leaner = _fastest(model, below(best.peak))
     others = [leaner] if leaner is not None else []
     for i, j in enumerate(best.choice):
         for k in range(len(model.options[i])):
@@ -443,9 +526,9 @@ def _runner_up(model: RegionModel, bound: float, best: Assignment, compiled: set
 
 def _bound(model: RegionModel, budget: float) -> float:
     """The largest predicted peak allowed: ``budget`` times the un-checkpointed step's (for
-    budget 0, 1% above the least)."""
+    budget 0, :data:`remat.planner._search.LEAN_SLACK` times the least)."""
     if budget == 0:
-        return 1.01 * _leanest(model).peak
+        return LEAN_SLACK * _leanest(model).peak
     return budget * model.assignment((0,) * len(model.options)).peak
 
 

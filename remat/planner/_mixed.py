@@ -12,44 +12,43 @@ tried when the prediction was off by a region.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from remat.planner._candidate import CandidateSpec, PlanCandidate
-from remat.planner.programs import _spec_label
+from remat.policies import policy_name
 
 
-def compiled_temp(c: PlanCandidate) -> float | None:
-    return c.temp_bytes
-
-
-def compiled_ms(c: PlanCandidate) -> float | None:
-    return c.predicted_ms
-
-
-def uniform_costs(pool: Sequence[PlanCandidate], n: int,
-                  temp: Callable[[PlanCandidate], float | None] = compiled_temp,
-                  ms: Callable[[PlanCandidate], float | None] = compiled_ms) -> list[tuple[Any, float, float]]:
-    """``(policy, temp, ms)`` of every candidate that uses one policy (or none) on all ``n``
-    regions and leaves scans and sequentials as written; ``temp`` and ``ms`` read its
-    compiled temp bytes and predicted time (or, before compiling, the estimates)."""
+def uniform_costs(pool: Sequence[PlanCandidate], n: int) -> list[tuple[Any, float, float]]:
+    """``(policy, temp, ms)`` of every compiled candidate that uses one policy (or none) on
+    all ``n`` regions and leaves scans and sequentials as written: its compiled temp bytes
+    and predicted time."""
     out, seen = [], set()
     for c in pool:
-        if (temp(c) is None or ms(c) is None or c.whole_step or c.sequential is not None or n < 2
-                or len(set(map(_spec_label, c.policies))) != 1 or len(c.policies) != n):
+        if c.temp_bytes is None or c.predicted_ms is None or not _uniform(c, n):
             continue
-        if c.scan is not None and c.label != "no checkpoint":
-            continue
-        label = _spec_label(c.policies[0])
+        label = policy_name(c.policies[0])
         if label in seen or label == "as written":
             continue
         seen.add(label)
-        out.append((c.policies[0], temp(c), ms(c)))
+        out.append((c.policies[0], float(c.temp_bytes), c.predicted_ms))
     return out
 
 
+def _uniform(c: PlanCandidate, n: int) -> bool:
+    """One policy (or none) on all ``n`` regions, scans and sequentials as written."""
+    if c.whole_step or c.sequential is not None or n < 2 or len(c.policies) != n:
+        return False
+    return len(set(map(policy_name, c.policies))) == 1 and (c.scan is None or c.label == "no checkpoint")
+
+
+#: The mixed pairs compiled to confirm: each costs a compile, and the model's ranking
+#: past the first few is seldom right by the margins between them.
+MIXED_PAIRS = 3
+
+
 def mixed_specs(costs: Sequence[tuple[Any, float, float]], n: int, limit: int, beat_ms: float,
-                top: int = 3) -> list[tuple[CandidateSpec, float, int]]:
+                top: int = MIXED_PAIRS) -> list[tuple[CandidateSpec, float, int]]:
     """The mixed assignments predicted fastest within ``limit`` and faster than ``beat_ms``.
 
     Args:
@@ -81,4 +80,4 @@ def mixed_specs(costs: Sequence[tuple[Any, float, float]], n: int, limit: int, b
 
 def mixed_spec(lean: Any, fast: Any, k: int, n: int) -> CandidateSpec:
     """The first ``k`` of ``n`` regions with ``lean``, the rest with ``fast``."""
-    return CandidateSpec(f"first {k}: {_spec_label(lean)}, rest {_spec_label(fast)}", (lean,) * k + (fast,) * (n - k))
+    return CandidateSpec(f"first {k}: {policy_name(lean)}, rest {policy_name(fast)}", (lean,) * k + (fast,) * (n - k))

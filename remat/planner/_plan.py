@@ -8,6 +8,8 @@ from typing import Any
 
 from remat._core.residuals import format_bytes
 from remat.planner._candidate import PlanCandidate
+from remat.planner._footprint import Footprint
+from remat.planner._saved import read_plan, saved_fields
 from remat.planner.steering import apply_policies
 
 
@@ -27,6 +29,13 @@ class Plan:
       plan_s: seconds the planning took.
       compile_s: seconds one compile of the un-checkpointed step took in the same run
         (None: it came compiled from the cache).
+      memory_limit_bytes: the device limit asked for (``memory_limit=``; None: a budget).
+      device_bytes: the chosen plan's compiled footprint on one device: arguments +
+        outputs + temp - aliased (None: nothing fits).
+      footprint: the chosen plan's :class:`~remat.planner._footprint.Footprint`, or where
+        nothing fits, the leanest candidate's.
+      region_paths: each region's module path, in trace order (None for a region written
+        by hand); :meth:`apply` checks the step against them.
     """
 
     memory_budget: float
@@ -39,17 +48,52 @@ class Plan:
     minimum_bytes: int
     plan_s: float | None = None
     compile_s: float | None = None
+    memory_limit_bytes: int | None = None
+    device_bytes: int | None = None
+    footprint: Footprint | None = None
+    region_paths: tuple[Any, ...] | None = None
 
     def apply(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``step_fn`` with the plan's choice for every checkpointed region (at trace time)."""
+        """``step_fn`` with the plan's choice for every checkpointed region (at trace time).
+
+        A trace whose regions are not the plan's (another module at some position, more
+        or fewer regions) raises a one-line ValueError naming the first that differs:
+        a plan is never applied in part."""
         if self.chosen is None:
-            raise ValueError(
-                f"the memory budget {self.memory_budget} cannot be met: the smallest compiled temp memory "
-                f"found is {self.minimum_bytes} bytes ({self.minimum_bytes / self.none_temp_bytes:.2f} "
-                "of no checkpoint); raise the budget or use remat.scan"
-            )
+            raise ValueError(self.shortfall())
         return apply_policies(step_fn, self.chosen.policies, scan=self.chosen.scan,
-                              sequential=self.chosen.sequential, whole_step=self.chosen.whole_step)
+                              sequential=self.chosen.sequential, whole_step=self.chosen.whole_step,
+                              paths=self.region_paths)
+
+    def shortfall(self) -> str:
+        """Why nothing fits, in one line."""
+        if self.memory_limit_bytes is not None and self.footprint is not None:
+            return (f"the memory limit {format_bytes(self.memory_limit_bytes)} cannot be met: the least footprint "
+                    f"found is {format_bytes(self.footprint.device_bytes)}, mostly {self.footprint.dominant()}; "
+                    "no checkpointing shrinks parameters or optimizer state")
+        return (f"the memory budget {self.memory_budget} cannot be met: the smallest compiled temp memory "
+                f"found is {self.minimum_bytes} bytes ({self.minimum_bytes / max(self.none_temp_bytes, 1):.2f} "
+                "of no checkpoint); raise the budget or use remat.scan")
+
+    def save(self, path: Any) -> None:
+        """Writes the chosen plan to ``path`` as JSON: a format version, the step's region
+        paths, each region's option, the scan and sequential choices, the limit, the
+        measured bytes and time, and the jax and remat versions.
+
+        Example:
+          >>> p.save("plan.json"); remat.Plan.load("plan.json").apply(loss)  # doctest: +SKIP
+        """
+        if self.chosen is None:
+            raise ValueError(f"nothing to save: {self.shortfall()}")
+        with open(path, "w") as f:
+            json.dump(saved_fields(self), f, indent=1)
+
+    @classmethod
+    def load(cls, path: Any) -> Plan:
+        """The plan :meth:`save` wrote to ``path``: its chosen candidate and region paths,
+        ready for :meth:`apply` to the same step (in any process)."""
+        fields = read_plan(path)
+        return cls(**fields)
 
     @property
     def runner_up(self) -> PlanCandidate | None:
@@ -103,6 +147,8 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"memory_budget": self.memory_budget, "limit_bytes": self.limit_bytes,
+                "memory_limit_bytes": self.memory_limit_bytes, "device_bytes": self.device_bytes,
+                "footprint": self.footprint.to_dict() if self.footprint else None,
                 "none_temp_bytes": self.none_temp_bytes, "num_regions": self.num_regions,
                 "feasible": self.feasible, "minimum_bytes": self.minimum_bytes,
                 "plan_s": self.plan_s, "compile_s": self.compile_s,
@@ -119,9 +165,15 @@ class Plan:
         mib = 2**20
         lines = [f"remat plan: memory budget {self.memory_budget} of {self.none_temp_bytes / mib:.1f} MiB "
                  f"(limit {self.limit_bytes / mib:.1f} MiB), {self.num_regions} checkpointed regions"]
+        if self.memory_limit_bytes is not None:
+            shown = format_bytes(self.device_bytes) if self.device_bytes is not None else "-"
+            lines.append(f"  memory limit {format_bytes(self.memory_limit_bytes)} per device; the plan's "
+                         f"footprint {shown}")
         if not self.feasible:
             lines.append(f"  the budget cannot be met: the minimum found is {self.minimum_bytes / mib:.1f} MiB "
-                         f"({self.minimum_bytes / self.none_temp_bytes:.2f} of no checkpoint)")
+                         f"({self.minimum_bytes / max(self.none_temp_bytes, 1):.2f} of no checkpoint)")
+            if self.memory_limit_bytes is not None:
+                lines.append(f"  {self.shortfall()}")
         lines.append(f"  {'':2}{'candidate':<42}{'temp MiB':>10}{'of none':>9}{'fits':>6}"
                      f"{'pred ms':>9}{'meas ms':>9}")
         for c in self.candidates:

@@ -6,26 +6,29 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from remat.analysis.budget import calibrate_once, calibrated, calibration_programs
+from remat.analysis.machine import Rates, calibrate_once, calibrated, calibration_programs
 from remat.planner._candidate import PlanCandidate
-from remat.planner._costs import start_region_costs
-from remat.planner._families import family_specs, name_groups, no_checkpoint_spec
+from remat.planner._costs import RegionCosts, start_region_costs
+from remat.planner._families import BUDGET_FRACTIONS, PLANNED_POLICIES, family_specs, name_groups, no_checkpoint_spec
 from remat.planner._fast import fast_search
+from remat.planner._footprint import footprint
 from remat.planner._mixed import mixed_spec, mixed_specs, uniform_costs
 from remat.planner._plan import Plan
-from remat.planner._search import _BACKGROUND, CandidateSearch
+from remat.planner._search import BACKGROUND, LEAN_SLACK, CandidateSearch
+from remat.planner._units import parse_bytes
 from remat.planner.programs import time_side_by_side
-from remat.planner.steering import NONE, _survey
-from remat.policies import PolicySpec
+from remat.planner.steering import Survey, survey
+from remat.policies import NO_CHECKPOINT, PolicySpec
 
 
 def plan(
     step_fn: Callable[..., Any],
     *args: Any,
-    memory_budget: float,
+    memory_budget: float | None = None,
+    memory_limit: int | str | None = None,
     argnums: int | Sequence[int] = 0,
-    policies: Sequence[PolicySpec] = ("nothing", "dots_no_batch", "dots"),
-    budget_fractions: Sequence[float] = (0.25, 0.5, 0.75),
+    policies: Sequence[PolicySpec] = PLANNED_POLICIES,
+    budget_fractions: Sequence[float] = BUDGET_FRACTIONS,
     repeat: int = 5,
     measure: bool = True,
     cache: dict[str, PlanCandidate] | None = None,
@@ -33,6 +36,7 @@ def plan(
     progress: Callable[[str], None] | None = None,
     exhaustive: bool = False,
     second_opinion: bool = False,
+    rates: Rates | None = None,
 ) -> Plan:
     """Finds the fastest way to checkpoint ``step_fn`` whose compiled temp memory fits.
 
@@ -42,7 +46,11 @@ def plan(
       memory_budget: the most compiled temp memory of ``jit(grad(step_fn))``, as a fraction
         in [0, 1] of the same step without any checkpoint (the whole step's memory, unlike
         :func:`remat.residual_budget`'s fraction of one region's residuals); 0 asks for the
-        leanest plan found: the fastest of the candidates within 1% of the least temp memory.
+        leanest plan found: the fastest of the candidates within 1% (``LEAN_SLACK``) of the least temp memory.
+      memory_limit: instead of ``memory_budget``, the most bytes the compiled step may hold
+        on one device (arguments + outputs + temp - aliased, from its
+        ``memory_analysis()``): an int, or a string such as ``"6GiB"``, ``"512MiB"`` or
+        ``"8GB"``. ``plan.device_bytes`` is the chosen plan's compiled figure.
       argnums: what the gradient is taken with respect to.
       policies: fixed policies tried on every region.
       budget_fractions: fractions of :func:`remat.residual_budget` tried on every region.
@@ -70,6 +78,8 @@ def plan(
         fastest assignment that does without the pick's main policy (the time model's
         errors between policies are larger than its margins; this costs about one more
         compile and a timing run; ``remat plan --second-opinion``).
+      rates: the machine's rates the predicted times are priced at (default: this
+        process's, measured on first use, :func:`remat.analysis.machine.calibrate_once`).
 
     Returns:
       A :class:`Plan`; ``plan.apply(step_fn)`` runs the step the planned way.
@@ -79,68 +89,149 @@ def plan(
       >>> grads = jax.jit(jax.grad(p.apply(loss)))(params, x)  # doctest: +SKIP
     """
     started = time.perf_counter()
-    budget = memory_budget
+    budget, limit_bytes = _checked_limit(memory_budget, memory_limit)
+    surveyed, rates = _surveyed(step_fn, args, rates)
+    costing = _start_costing(step_fn, args, surveyed, [*policies, *name_groups(surveyed.names)], rates,
+                             exhaustive)
+    search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache,
+                             early_reject and costing is None, lean=budget == 0, progress=progress, rates=rates)
+    if budget is None:  # a device limit: the un-checkpointed step compiled first, for the limit's temp share
+        assert limit_bytes is not None  # _checked_limit admits exactly one
+        budget = _budget_within(search, surveyed, limit_bytes)
+    if costing is not None:
+        none, pool = _default_search(search, surveyed, budget, costing, second_opinion)
+    else:
+        none, pool = _family_search(search, surveyed, budget, policies, budget_fractions)
+    # budget 0, the leanest: the least temp memory any candidate reached, with LEAN_SLACK
+    limit = int(LEAN_SLACK * search.least) if budget == 0 else int(budget * none.compiled_temp_bytes())
+    pool = _settled(search, pool, limit, complete=costing is None)
+    if measure:
+        pool = _timed(pool, args, repeat)
+    plan_s = time.perf_counter() - started
+    return _result(pool, none, surveyed, (budget, limit, limit_bytes), (args, argnums), measure, plan_s)
+
+
+def _surveyed(step_fn: Callable[..., Any], args: tuple, rates: Rates | None) -> tuple[Survey, Rates]:
+    """One trace of the step (:func:`remat.planner.steering.survey`), and the machine's
+    rates: ``rates``, else this process's, measured on first use, their timing programs
+    compiled in the background while the step is traced (only the timing needs the
+    machine to itself)."""
+    programs = None if rates is not None or calibrated() else BACKGROUND.submit(calibration_programs).result
+    surveyed = survey(step_fn, *args)
+    if surveyed.regions == 0 and not surveyed.scan_depths:
+        raise ValueError("plan() found no remat.checkpoint region or remat.scan_layers in step_fn: "
+                         "checkpoint its blocks first")
+    return surveyed, calibrate_once(programs) if rates is None else rates
+
+
+def _result(pool: list[PlanCandidate], none: PlanCandidate, surveyed: Survey, limits: tuple[float, int, int | None],
+            step: tuple[tuple, int | Sequence[int]], measured: bool, plan_s: float) -> Plan:
+    """The :class:`Plan` of the candidates weighed: the chosen one (:func:`_choose`), and
+    the footprint on one device of it or, where nothing fits, of the leanest.
+
+    Args:
+      limits: ``(budget, temp limit, device limit or None)``.
+      step: ``(args, argnums)`` of the step planned.
+    """
+    (budget, limit, limit_bytes), (args, argnums) = limits, step
+    chosen = _choose([c for c in pool if c.contends], measured=measured)
+    compiled = [c for c in pool if c.temp_bytes is not None]
+    shown = chosen or min(compiled, key=PlanCandidate.compiled_temp_bytes)
+    on_device = footprint(shown.compiled, args, argnums)
+    return Plan(memory_budget=float(budget), limit_bytes=limit, none_temp_bytes=none.compiled_temp_bytes(),
+                num_regions=surveyed.regions, feasible=chosen is not None, chosen=chosen, candidates=tuple(pool),
+                minimum_bytes=min(c.compiled_temp_bytes() for c in compiled), plan_s=plan_s,
+                compile_s=none.compile_s, memory_limit_bytes=limit_bytes,
+                device_bytes=on_device.device_bytes if chosen is not None else None,
+                footprint=on_device, region_paths=tuple(surveyed.paths))
+
+
+def _checked_limit(budget: Any, limit: Any) -> tuple[float | None, int | None]:
+    """``(budget, limit in bytes)``, exactly one of them given: a fraction in [0, 1], or
+    bytes (:func:`remat.planner._units.parse_bytes`); a one-line ValueError otherwise."""
+    if (budget is None) == (limit is None):
+        raise ValueError("plan() takes memory_budget= (a fraction of no checkpoint's temp memory) or "
+                         "memory_limit= (bytes per device, e.g. '6GiB'): exactly one of them")
+    if limit is not None:
+        return None, parse_bytes(limit)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget <= 1:
         raise ValueError("plan(memory_budget=...) must be a fraction in [0, 1] (0: the leanest plan), "
                          f"got {budget!r}")
-    # the cost model's timing programs compile in the background while the step is traced
-    # (only their timing, below, needs the machine to itself)
-    programs = None if calibrated() else _BACKGROUND.submit(calibration_programs).result
-    survey = _survey(step_fn, *args)
-    n = survey.regions
-    if n == 0 and not survey.scan_depths:
-        raise ValueError("plan() found no remat.checkpoint region or remat.scan_layers in step_fn: "
-                         "checkpoint its blocks first")
-    calibrate_once(programs)  # predicted_ms at this machine's FLOP and byte rates, not defaults
-    fast = not exhaustive and n > 0 and not survey.scan_depths and not survey.sequential_lengths
-    options = [*policies, *name_groups(survey.names)]
-    # the regions' bodies compile in the background (a fraction of the step each) while
-    # the un-checkpointed step (the budget's yardstick) lowers; it compiles while the
-    # regions are costed and the first pick is made
-    costing = start_region_costs(step_fn, args, n, [NONE, *options], survey.jaxpr) if fast else None
-    fast = costing is not None
-    search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache,
-                             early_reject and not fast, lean=budget == 0, progress=progress)
-    unchecked = no_checkpoint_spec(survey)
-    if fast:  # its residual bytes come with the regions' costs, not from a trace of its own
-        search.cache.setdefault(unchecked.label, PlanCandidate(unchecked.label, unchecked.policies))
-    waiting = search.start([unchecked])
-    if costing is not None:
-        none, pool = fast_search(search, survey, budget, costing(), waiting, second_opinion)
-        # what earlier plans of this step compiled into cache= is weighed too, at no cost
-        # (a sweep down the budgets then never forgets a plan that still fits)
-        seen = {c.label for c in pool} | {none.label}
-        earlier = [c for c in search.cache.values() if c.compiled is not None and c.label not in seen
-                   and c.scan is None and c.sequential is None and len(c.policies) == n]
-        pool = [none, *pool, *earlier]
-    else:
-        none = waiting()[0]
-        search.calibrate(none, int(budget * none.compiled_temp_bytes()))
-        pool = [none, *search.evaluate_many(family_specs(survey, policies, budget_fractions))]
-        if not survey.scan_depths:
-            # the leanest: mixed within the least temp memory compiled so far (the last
-            # region kept, say, may need no more memory than all rematerialized)
-            limit = int(budget * none.compiled_temp_bytes())
-            pool += _mixed(search, pool, n, limit if budget > 0 else int(1.01 * search.least))
-    limit = int(budget * none.compiled_temp_bytes())
-    if budget == 0:
-        # the leanest: the least temp memory any candidate reached, with 1% of slack so
-        # that programs differing by a few bytes of bookkeeping are all weighed
-        limit = int(1.01 * search.least)
-    pool = list({c.label: c for c in pool}.values())  # a policy listed twice is weighed once
-    if not fast and not any(c.fits_in(limit) for c in pool) and any(c.compiled is None for c in pool):
-        # nothing fits: the minimum reported must be the true one, so the rejected compile too
+    return budget, None
+
+
+#: The budget of a device limit that leaves no room for temp memory (the arguments and
+#: outputs fill it already): above 0, which asks for the leanest plan, and met by nothing.
+NO_ROOM = 1e-12
+
+
+def _budget_within(search: CandidateSearch, surveyed: Survey, limit_bytes: int) -> float:
+    """The budget a device limit of ``limit_bytes`` means: the temp bytes it leaves beside
+    the arguments and outputs (``limit - arguments - outputs + aliased``, from the
+    un-checkpointed step's compile, which no checkpointing changes), as a fraction of that
+    step's temp bytes; at most 1."""
+    none = search.evaluate_many([no_checkpoint_spec(surveyed)])[0]
+    room = limit_bytes - footprint(none.compiled, search.args, search.argnums).fixed_bytes
+    if room <= 0:
+        return NO_ROOM
+    return min(1.0, room / max(none.compiled_temp_bytes(), 1))
+
+
+def _start_costing(step_fn: Callable[..., Any], args: tuple, surveyed: Survey, options: list[Any], rates: Rates,
+                   exhaustive: bool) -> Callable[[], RegionCosts] | None:
+    """The regions' costs, started (:func:`remat.planner._costs.start_region_costs`), where
+    the default search applies: not ``exhaustive``, and regions are all there is to decide
+    (no scan over layers, no ``checkpoint_sequential``); None where it does not. The
+    regions' bodies compile in the background (a fraction of the step each) while the
+    un-checkpointed step (the budget's yardstick) lowers."""
+    if exhaustive or surveyed.regions == 0 or surveyed.scan_depths or surveyed.sequential_lengths:
+        return None
+    return start_region_costs(step_fn, args, surveyed.regions, [NO_CHECKPOINT, *options], rates=rates,
+                              jaxpr=surveyed.jaxpr)
+
+
+def _default_search(search: CandidateSearch, surveyed: Survey, budget: float, costing: Callable[[], RegionCosts],
+                    second_opinion: bool) -> tuple[PlanCandidate, list[PlanCandidate]]:
+    """The default search (:func:`remat.planner._fast.fast_search`): the un-checkpointed
+    step and the candidates weighed, with what earlier plans of this step compiled into
+    ``cache=`` (weighed at no cost: a sweep down the budgets never forgets a plan that
+    still fits)."""
+    unchecked = no_checkpoint_spec(surveyed)
+    # its residual bytes come with the regions' costs, not from a trace of its own
+    search.cache.setdefault(unchecked.label, PlanCandidate(unchecked.label, unchecked.policies))
+    waiting = search.start([unchecked])  # compiles while the regions are costed and the pick is made
+    none, pool = fast_search(search, surveyed, budget, costing(), waiting, second_opinion)
+    seen = {c.label for c in pool} | {none.label}
+    earlier = [c for c in search.cache.values() if c.compiled is not None and c.label not in seen
+               and c.scan is None and c.sequential is None and len(c.policies) == surveyed.regions]
+    return none, [none, *pool, *earlier]
+
+
+def _family_search(search: CandidateSearch, surveyed: Survey, budget: float, policies: Sequence[PolicySpec],
+                   budget_fractions: Sequence[float]) -> tuple[PlanCandidate, list[PlanCandidate]]:
+    """The compile-everything search: the un-checkpointed step and every candidate of the
+    families (:func:`remat.planner._families.family_specs`), and where no scan is in play
+    the mixed assignments within the limit (for budget 0, within the least temp memory
+    compiled so far: the last region kept, say, may need no more than all rematerialized)."""
+    none = search.evaluate_many([no_checkpoint_spec(surveyed)])[0]
+    search.calibrate(none, int(budget * none.compiled_temp_bytes()))
+    pool = [none, *search.evaluate_many(family_specs(surveyed, policies, budget_fractions))]
+    if not surveyed.scan_depths:
+        limit = int(budget * none.compiled_temp_bytes()) if budget > 0 else int(LEAN_SLACK * search.least)
+        pool += _mixed(search, pool, surveyed.regions, limit)
+    return none, pool
+
+
+def _settled(search: CandidateSearch, pool: list[PlanCandidate], limit: int, complete: bool) -> list[PlanCandidate]:
+    """The pool, each policy listed twice weighed once, each marked whether it fits; with
+    ``complete``, where nothing fits, the candidates rejected early compiled after all (the
+    minimum reported must be the true one)."""
+    pool = list({c.label: c for c in pool}.values())
+    if complete and not any(c.fits_in(limit) for c in pool) and any(c.compiled is None for c in pool):
         search.early_reject = False
         again = iter(search.evaluate_many([c.spec for c in pool if c.compiled is None]))
         pool = [c if c.compiled is not None else next(again) for c in pool]
-    pool = [dataclasses.replace(c, fits=c.fits_in(limit)) for c in pool]
-    if measure:
-        pool = _timed(pool, args, repeat)
-    chosen = _choose([c for c in pool if c.contends], measured=measure)
-    return Plan(memory_budget=float(budget), limit_bytes=limit, none_temp_bytes=none.compiled_temp_bytes(),
-                num_regions=n, feasible=chosen is not None, chosen=chosen, candidates=tuple(pool),
-                minimum_bytes=min(c.temp_bytes for c in pool if c.temp_bytes is not None),
-                plan_s=time.perf_counter() - started, compile_s=none.compile_s)
+    return [dataclasses.replace(c, fits=c.fits_in(limit)) for c in pool]
 
 
 def _mixed(search: CandidateSearch, pool: list[PlanCandidate], n: int, limit: int) -> list[PlanCandidate]:

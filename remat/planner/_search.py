@@ -9,10 +9,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from remat.analysis import saved_residuals
-from remat.analysis.budget import rates
 from remat.analysis.compiled import CompiledMemory
+from remat.analysis.machine import Rates
 from remat.planner._candidate import CandidateSpec, PlanCandidate
-from remat.planner.programs import _predicted_ms, lower_step, lowered_fingerprint, program_fingerprint
+from remat.planner.programs import lower_step, lowered_fingerprint, predicted_ms, program_fingerprint
 from remat.planner.steering import apply_policies
 
 #: A candidate whose predicted temp bytes exceed the limit by this factor is not compiled.
@@ -23,6 +23,10 @@ from remat.planner.steering import apply_policies
 #: candidate of the benchmark's transformer and MLP (remat.ops); with jax.nn ops the
 #: scaled prediction stayed below the temp bytes too (tests/test_planner.py).
 REJECT_MARGIN = 1.25
+
+#: Budget 0 weighs every candidate within this factor of the least temp memory compiled:
+#: programs that differ by a few bytes of bookkeeping are equally lean.
+LEAN_SLACK = 1.01
 
 
 class CandidateSearch:
@@ -36,12 +40,13 @@ class CandidateSearch:
       early_reject: leave uncompiled the candidates predicted (from one trace) not to fit.
       lean: budget 0: reject above the least temp memory compiled so far, not a fixed limit.
       progress: called with a line after each batch of compiles (None: silent).
+      rates: the machine's rates, for the predicted times.
     """
 
     def __init__(self, step_fn: Callable[..., Any], args: tuple, argnums: int | Sequence[int],
                  cache: dict[str, PlanCandidate], early_reject: bool, lean: bool,
-                 progress: Callable[[str], None] | None = None):
-        self.step_fn, self.args, self.argnums, self.cache = step_fn, args, argnums, cache
+                 progress: Callable[[str], None] | None, rates: Rates):
+        self.step_fn, self.args, self.argnums, self.cache, self.rates = step_fn, args, argnums, cache, rates
         self.early_reject, self.lean, self.progress = early_reject, lean, progress
         self.limit: float | None = None  # the plan's limit, for the best-so-far of the progress lines
         self.evaluated: dict[str, PlanCandidate] = {}  # this search's candidates, by label
@@ -73,7 +78,7 @@ class CandidateSearch:
 
     def _rejected(self, c: PlanCandidate) -> bool:
         if self.lean:
-            bound = 1.01 * self.least if self.least < float("inf") else None
+            bound = LEAN_SLACK * self.least if self.least < float("inf") else None
         else:
             bound = self.ceiling
         return self.early_reject and bound is not None and self.predicted_temp_bytes(c) > REJECT_MARGIN * bound
@@ -122,8 +127,7 @@ class CandidateSearch:
             none = self.none
             out["estimated_temp_bytes"] = int(max(0.0, none.compiled_temp_bytes()
                                                   - self.folded * (_residuals(none) - _residuals(c))))
-            rate = rates()
-            out["estimated_ms"] = 1e3 * (flops / rate["flops_per_s"] + moved * self.fused / rate["bytes_per_s"])
+            out["estimated_ms"] = 1e3 * (flops / self.rates.flops_per_s + moved * self.fused / self.rates.bytes_per_s)
         return out
 
     def evaluate_many(self, specs: Sequence[CandidateSpec]) -> list[PlanCandidate]:
@@ -145,7 +149,7 @@ class CandidateSearch:
         # compile; the distinct new programs compile side by side
         known = {o.lowered: o for o in self.cache.values() if o.compiled is not None}
         todo = {key: self._lowered[key] for _, key in staged if key is not None and key not in known}
-        future = _BACKGROUND.submit(_timed_compile_all, list(todo.values()), MEMORY_ONLY if memory_only else None)
+        future = BACKGROUND.submit(_timed_compile_all, list(todo.values()), MEMORY_ONLY if memory_only else None)
 
         def finish() -> list[PlanCandidate]:
             done, seconds = future.result()
@@ -154,7 +158,7 @@ class CandidateSearch:
                 # one compile gives the exact temp bytes, the FLOPs/bytes for the time model and
                 # the executable that is timed
                 known[key] = PlanCandidate("", (), temp_bytes=temp_bytes,
-                                           predicted_ms=_predicted_ms(compiled, temp_bytes), program=program,
+                                           predicted_ms=predicted_ms(compiled, temp_bytes, self.rates), program=program,
                                            lowered=key, compiled=compiled, compile_s=alone_s,
                                            memory_only=memory_only, lowering=lowering if memory_only else None)
                 self._lowered.pop(key, None)  # compiled: the lowering is no longer needed
@@ -178,9 +182,6 @@ class CandidateSearch:
 
         return finish
 
-    def evaluate(self, spec: CandidateSpec) -> PlanCandidate:
-        return self.evaluate_many([spec])[0]
-
     def _progress_line(self) -> str:
         compiled = sum(c.compiled is not None for c in self.evaluated.values())
         line = f"remat plan: {compiled} of {len(self.evaluated)} candidates compiled ({self.compiles} programs)"
@@ -201,7 +202,7 @@ def _residuals(c: PlanCandidate) -> int:
 
 #: Compiles started by :meth:`CandidateSearch.start` run here while the caller traces the
 #: next candidates; two batches (the un-checkpointed step and the first finalists) overlap.
-_BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1),
+BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1),
                                                     thread_name_prefix="remat-plan-compile")
 
 

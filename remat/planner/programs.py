@@ -11,21 +11,18 @@ from typing import Any
 import jax
 
 from remat import _jax as xb
-from remat.analysis.budget import fault_ms, rates
-from remat.analysis.compiled import compiled_step
+from remat.analysis.machine import Rates, fault_ms
 from remat.analysis.timing import time_programs
-from remat.policies import policy_name
 
 
-def _predicted_ms(compiled: Any, temp_bytes: int) -> float:
-    """Step time from XLA's cost analysis at the rates of :func:`remat.analysis.budget.calibrate`,
-    with the page faults of a temp buffer of ``temp_bytes`` (:func:`remat.analysis.budget.fault_ms`)."""
-    rate = rates()
+def predicted_ms(compiled: Any, temp_bytes: int, rates: Rates) -> float:
+    """Step time from XLA's cost analysis at ``rates``, with the page faults of a temp
+    buffer of ``temp_bytes`` (:func:`remat.analysis.machine.fault_ms`)."""
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     flops = float(cost.get("flops", 0.0)) if cost else 0.0
     moved = float(cost.get("bytes accessed", 0.0)) if cost else 0.0
-    return 1e3 * (flops / rate["flops_per_s"] + moved / rate["bytes_per_s"]) + fault_ms(temp_bytes)
+    return 1e3 * (flops / rates.flops_per_s + moved / rates.bytes_per_s) + fault_ms(temp_bytes, rates)
 
 
 _HLO_METADATA_SECTIONS = {"FileNames", "FunctionNames", "FileLocations", "StackFrames"}
@@ -83,12 +80,6 @@ def lowered_fingerprint(lowered: Any) -> str:
     return hashlib.sha256(lowered.as_text().encode()).hexdigest()[:16]
 
 
-def compile_step(fn: Callable[..., Any], args: tuple, argnums: Any = 0) -> Any:
-    """``jax.jit(jax.grad(fn, argnums))`` compiled for ``args``: the executable of
-    :func:`remat.analysis.compiled.compiled_step`."""
-    return compiled_step(fn, *args, argnums=argnums).executable
-
-
 #: Seconds of back-to-back calls each timing sample averages (:func:`remat.analysis.timing.time_programs`):
 #: one call of a step of a few milliseconds varies by more than the plans it compares differ.
 MIN_SAMPLE_S = 0.05
@@ -120,7 +111,3 @@ def time_side_by_side(steps: list[Callable[..., Any]], args: tuple, repeat: int)
     for i, m in zip(close, again):
         ms[i] = m * scale
     return ms
-
-
-def _spec_label(p: Any) -> str:
-    return p if isinstance(p, str) else policy_name(p)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -11,24 +10,36 @@ import jax
 
 from remat import scan as _scan
 from remat._core import hooks
+from remat._core.apply_selected import take_entering_path
 from remat._core.checkpoint import checkpoint
 from remat._core.options import CheckpointOptions
 from remat._core.residuals import names_in_jaxpr
-from remat.policies import NO_CHECKPOINT, is_no_checkpoint, policy_name, resolve_policy
+from remat.policies import is_no_checkpoint, policy_name, resolve_policy
 
-NONE = NO_CHECKPOINT  # a region that is not checkpointed
 AS_WRITTEN = "as written"  # a region keeps the options the user's code gave it
 
 
+class PlanMismatch(ValueError):
+    """A plan applied to a step whose regions are not those it was made for."""
+
+
 @contextlib.contextmanager
-def _region_policies(policies: Sequence[Any], beyond: Any = AS_WRITTEN) -> Iterator[list[int]]:
+def _region_policies(policies: Sequence[Any], beyond: Any = AS_WRITTEN, paths: list[Any] | None = None,
+                     expected: Sequence[Any] | None = None) -> Iterator[list[int]]:
     """Makes the i-th checkpointed region traced in this context use ``policies[i]`` (past
-    their end, ``beyond``)."""
+    their end, ``beyond``); appends each region's module path to ``paths``; with
+    ``expected`` (the paths a saved plan was made for), a region whose path differs is a
+    one-line ValueError, raised while tracing, before the region is applied."""
     seen = [0]
 
     def override(opts: CheckpointOptions) -> CheckpointOptions | None:
         i = seen[0]
         seen[0] += 1
+        path = take_entering_path()
+        if paths is not None:
+            paths.append(path)
+        if expected is not None:
+            _check_region(i, path, expected)
         spec = policies[i] if i < len(policies) else beyond
         if spec == AS_WRITTEN:
             return opts
@@ -38,6 +49,23 @@ def _region_policies(policies: Sequence[Any], beyond: Any = AS_WRITTEN) -> Itera
 
     with hooks.deciding(region=override):
         yield seen
+    if expected is not None and seen[0] < len(expected):
+        raise PlanMismatch(f"the plan does not match this step: it has {len(expected)} regions, the step "
+                         f"{seen[0]}; region {seen[0]} ({_path_text(expected[seen[0]])}) is missing")
+
+
+def _check_region(i: int, path: Any, expected: Sequence[Any]) -> None:
+    """A ValueError naming region ``i`` where its ``path`` is not the plan's."""
+    if i >= len(expected):
+        raise PlanMismatch(f"the plan does not match this step: it has {len(expected)} regions, and the step "
+                         f"reaches region {i} ({_path_text(path)}) beyond them")
+    if path != expected[i]:
+        raise PlanMismatch(f"the plan does not match this step: region {i} is {_path_text(path)} here, "
+                         f"{_path_text(expected[i])} in the plan")
+
+
+def _path_text(path: Any) -> str:
+    return "a region written by hand" if path is None else "module " + ".".join(map(str, path))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,8 +115,9 @@ def _sequential_choice(segments: int | None) -> Iterator[list[int]]:
 
 def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
                    scan: tuple[Any, Any] | None = None,
-                   sequential: int | None = None, whole_step: bool = False) -> Callable[..., Any]:
-    """``step_fn`` whose i-th checkpointed region uses ``policies[i]`` (``NONE``: no checkpoint).
+                   sequential: int | None = None, whole_step: bool = False,
+                   paths: Sequence[Any] | None = None) -> Callable[..., Any]:
+    """``step_fn`` whose i-th checkpointed region uses ``policies[i]`` (``NO_CHECKPOINT``: no checkpoint).
 
     ``scan=(policy, groups)`` also re-decides every :func:`remat.scan.scan_layers` in the
     step: its per-layer policy (``NO_CHECKPOINT``: no checkpoint) and ``groups`` checkpointed
@@ -97,12 +126,13 @@ def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
     regions it makes keep the options written). ``whole_step=True`` checkpoints the whole
     step once more, around all that (policy ``"nothing"``): its backward pass keeps only
     the step's inputs and recomputes everything else, its regions checkpointed as
-    ``policies`` say.
+    ``policies`` say. With ``paths`` (each region's module path, as the plan was made
+    for), a trace whose regions differ raises a ValueError naming the first that does.
     """
     policies = tuple(policies)
 
     def planned(*args: Any, **kwargs: Any) -> Any:
-        with _region_policies(policies), _scan_choice(scan), _sequential_choice(sequential):
+        with _region_policies(policies, expected=paths), _scan_choice(scan), _sequential_choice(sequential):
             return step_fn(*args, **kwargs)
 
     planned.__name__ = getattr(step_fn, "__name__", "step")
@@ -114,16 +144,16 @@ def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
 
 def count_regions(step_fn: Callable[..., Any], *args: Any) -> int:
     """How many checkpointed regions one trace of ``step_fn(*args)`` goes through."""
-    return _survey(step_fn, *args).regions
+    return survey(step_fn, *args).regions
 
 
 def scan_depths(step_fn: Callable[..., Any], *args: Any) -> list[int]:
     """The depth of every scan over layers one trace of ``step_fn(*args)`` runs."""
-    return _survey(step_fn, *args).scan_depths
+    return survey(step_fn, *args).scan_depths
 
 
 @dataclasses.dataclass(frozen=True)
-class _Survey:
+class Survey:
     """What one trace of the step goes through."""
 
     regions: int  # checkpointed regions (checkpoint_sequential's segments among them)
@@ -131,32 +161,18 @@ class _Survey:
     sequential_lengths: list[int]  # the number of functions of every checkpoint_sequential
     names: list[str]  # the checkpoint_name tags
     jaxpr: Any  # the step, every region checkpointed with policy "nothing"
+    paths: list[Any] = dataclasses.field(default_factory=list)  # each region's module path (None: by hand)
 
 
-def _survey(step_fn: Callable[..., Any], *args: Any) -> _Survey:
+def survey(step_fn: Callable[..., Any], *args: Any) -> Survey:
+    """What one trace of ``step_fn(*args)`` goes through (:class:`Survey`)."""
     # every region "nothing": the trace counts the regions, and shows each one's body for
     # the planner's region costs (remat.planner._costs), whatever policy it was written with
-    with _region_policies((), "nothing") as seen, _scan_choice(None) as depths, \
+    paths: list[Any] = []
+    with _region_policies((), "nothing", paths) as seen, _scan_choice(None) as depths, \
             _sequential_choice(None) as lengths:
         # a fresh function each time: JAX caches traces per function, and a cached trace
         # would not run the Python code whose regions are being counted
         jaxpr = jax.make_jaxpr(lambda *a: step_fn(*a))(*args)
-    return _Survey(seen[0], depths, lengths, names_in_jaxpr(jaxpr), jaxpr)
+    return Survey(seen[0], depths, lengths, names_in_jaxpr(jaxpr), jaxpr, paths)
 
-
-def _sequential_segment_counts(lengths: Sequence[int]) -> list[int]:
-    """Segment counts to try for checkpoint_sequential calls of these lengths.
-
-    2 (one checkpointed half), about sqrt(n) (Chen et al.'s anchor), n / 2 and n (every
-    function its own checkpointed segment but the last), for the longest call.
-    """
-    n = max(lengths)
-    return sorted({k for k in (2, 3, 4, round(math.sqrt(n)), n // 2, n) if 2 <= k <= n})
-
-
-def _common_divisors(depths: Sequence[int]) -> list[int]:
-    """Group counts that divide every scan's depth, excluding 1 and the depth itself."""
-    g = 0
-    for d in depths:
-        g = math.gcd(g, d)
-    return [k for k in range(2, g) if g % k == 0]

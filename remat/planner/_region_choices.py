@@ -6,10 +6,11 @@ from typing import Any
 
 from remat._core.apply import region_paths
 from remat.analysis import saved_residuals
+from remat.analysis.machine import current_rates
 from remat.planner._costs import region_costs
 from remat.planner._plan import Plan
-from remat.planner.programs import _spec_label
 from remat.planner.steering import AS_WRITTEN, apply_policies
+from remat.policies import policy_name
 
 
 def region_choices(plan: Plan, step_fn: Callable[..., Any], *args: Any) -> list[dict[str, Any]]:
@@ -40,12 +41,13 @@ def region_choices(plan: Plan, step_fn: Callable[..., Any], *args: Any) -> list[
     n = len(chosen.policies)
     paths = region_paths(step_fn, *args)
     base = saved_residuals(apply_policies(step_fn, ("nothing",) * n), *args).residual_bytes
-    options = list({_spec_label(p): p for p in ("nothing", *chosen.policies) if _spec_label(p) != AS_WRITTEN}.items())
-    costs = region_costs(step_fn, args, n, [p for _, p in options])
+    options = list({policy_name(p): p for p in ("nothing", *chosen.policies) if policy_name(p) != AS_WRITTEN}.items())
+    # only the kept bytes are read, which no rate changes
+    costs = region_costs(step_fn, args, n, [p for _, p in options], rates=current_rates())
     column = {label: j for j, (label, _) in enumerate(options)}
     out = []
     for i, spec in enumerate(chosen.policies):
-        label = _spec_label(spec)
+        label = policy_name(spec)
         alone = ("nothing",) * i + (spec,) + ("nothing",) * (n - i - 1)
         measured = saved_residuals(apply_policies(step_fn, alone), *args).residual_bytes - base
         predicted = (costs.kept[i][column[label]] - costs.kept[i][0]
