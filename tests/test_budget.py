@@ -52,7 +52,10 @@ def test_budget_grows_what_it_keeps_with_the_fraction():
 
 
 def test_budget_prefers_matmuls_when_room_is_tight():
-    p = remat.residual_budget(0.3)
+    from remat.analysis.machine import UNCALIBRATED
+
+    # fixed rates: a process that calibrated (the planner's tests on this worker) prices by its own
+    p = remat.residual_budget(0.3, rates=UNCALIBRATED)
     kept_bytes(p)
     assert "dot_general" in {c.primitive for c in p.last_choice.kept}
     assert "dot_general" in str(p.last_choice) and "keep" in str(p.last_choice)
@@ -195,3 +198,14 @@ def test_calibrate_times_the_programs_it_is_given(monkeypatch):
     assert rates["flops_per_s"] == 2 * 64**3 / 0.002
     assert rates["bytes_per_s"] == 2 * (4 * 64 * 64 * 4) / 0.0005  # read and written, float32
     assert rates["fault_s_per_byte"] == (1e-10 if jax.default_backend() == "cpu" else 0.0)
+
+
+def test_budget_prices_by_the_rates_it_is_given_not_the_process_calibration():
+    from remat.analysis.machine import Rates
+
+    dear_flops = remat.residual_budget(0.3, rates=Rates(flops_per_s=1e6, bytes_per_s=1e12, fault_s_per_byte=0.0))
+    dear_bytes = remat.residual_budget(0.3, rates=Rates(flops_per_s=1e15, bytes_per_s=1e3, fault_s_per_byte=0.0))
+    assert dear_flops != dear_bytes  # the rates are part of the value: no trace shared between them
+    kept_bytes(dear_flops), kept_bytes(dear_bytes)
+    kept = [{c.primitive for c in p.last_choice.kept} for p in (dear_flops, dear_bytes)]
+    assert "dot_general" in kept[0] and kept[0] != kept[1], kept

@@ -95,7 +95,8 @@ class ResidualBudgetChoice:
 class ResidualBudget(RegionChooser):
     """``policy=residual_budget(fraction)`` or ``policy=residual_budget(bytes=N)``; see :func:`residual_budget`."""
 
-    def __init__(self, fraction: float | None = None, *, bytes: int | None = None, exact_limit: int = 24):
+    def __init__(self, fraction: float | None = None, *, bytes: int | None = None, exact_limit: int = 24,
+                 rates: Rates | None = None):
         if (fraction is None) == (bytes is None):
             raise ValueError("residual_budget() takes a fraction in [0, 1] or bytes=N, exactly one of them")
         if fraction is not None:
@@ -108,6 +109,7 @@ class ResidualBudget(RegionChooser):
         self.fraction = fraction
         self.bytes = bytes
         self.exact_limit = exact_limit
+        self.rates = rates
         self.last_choice: ResidualBudgetChoice | None = None
         self._cache: dict[tuple, ResidualBudgetChoice] = {}
         self.__name__ = f"residual_budget({fraction})" if fraction is not None else f"residual_budget(bytes={bytes})"
@@ -122,7 +124,7 @@ class ResidualBudget(RegionChooser):
         return hash(self._limits())
 
     def _limits(self) -> tuple:
-        return self.fraction, self.bytes, self.exact_limit
+        return self.fraction, self.bytes, self.exact_limit, self.rates
 
     def __call__(self, prim: Any, *avals: Any, **params: Any) -> bool:
         raise TypeError(
@@ -156,7 +158,8 @@ class ResidualBudget(RegionChooser):
         else:
             assert self.bytes is not None  # __post_init__ admits exactly one of the two
             limit = self.bytes
-        rates = current_rates()  # a calibration since the last choice re-prices the candidates
+        # without rates of its own, a calibration since the last choice re-prices the candidates
+        rates = self.rates if self.rates is not None else current_rates()
         cache_key = (tuple(c[0] for c in calls), _shapes(inputs), limit, rates)
         if cache_key in self._cache:
             self.last_choice = self._cache[cache_key]
@@ -199,7 +202,8 @@ class ResidualBudget(RegionChooser):
                             _policy_for(chosen) if chosen else None)
 
 
-def residual_budget(fraction: float | None = None, *, bytes: int | None = None) -> ResidualBudget:
+def residual_budget(fraction: float | None = None, *, bytes: int | None = None,
+                    rates: Rates | None = None) -> ResidualBudget:
     """A policy that keeps the dearest-to-recompute values within a memory limit.
 
     Args:
@@ -207,6 +211,9 @@ def residual_budget(fraction: float | None = None, *, bytes: int | None = None) 
         as a fraction of what it keeps there without checkpointing; 0 behaves like
         ``"nothing"``, 1 like ``"everything"``.
       bytes: the same limit as an absolute number of bytes per region.
+      rates: the machine rates that price recomputation (:class:`remat.analysis.machine.Rates`);
+        default: this process's calibrated rates if the planner measured them, else
+        :data:`~remat.analysis.machine.UNCALIBRATED`.
 
     Returns:
       A :class:`ResidualBudget`, usable as ``policy=``; after a call its ``last_choice``
@@ -221,7 +228,7 @@ def residual_budget(fraction: float | None = None, *, bytes: int | None = None) 
       >>> f = lambda w, x: jnp.tanh(jnp.tanh(x @ w) @ w).sum()
       >>> g = jax.grad(lambda w: remat.checkpoint(f, w, jnp.ones((4, 8)), policy=p))(jnp.eye(8))
     """
-    return ResidualBudget(fraction, bytes=bytes)
+    return ResidualBudget(fraction, bytes=bytes, rates=rates)
 
 
 def knapsack(weights: Sequence[int], values: Sequence[float], capacity: int, *,
