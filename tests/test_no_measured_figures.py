@@ -26,6 +26,11 @@ FIGURE = re.compile(rf"(?<![\w.]){_NUMBER}\s*(?:ms|s|MiB|GiB|KiB|MB|GB)\b|(?<![\
 
 #: (file, matched text): why it is a constant, not a measurement.
 ALLOWED: dict[tuple[str, str], str] = {
+    ("remat/planner/_footprint.py", "2.0 GiB"): "Footprint.dominant's output format, an example",
+    **{(path, spelling): "memory_limit='s accepted spellings, examples of the syntax"
+       for path, spellings in (("remat/planner/_planner.py", ("6GiB", "512MiB", "8GB")),
+                               ("remat/planner/_units.py", ("6GiB", "512MiB", "8GB", "1.5GiB")))
+       for spelling in spellings},
     ("models/gpt2.py", "4x"): "GPT-2's MLP is 4 times the model's width: the architecture",
     ("models/transformer.py", "4x"): "the reference transformer's MLP is 4 times its width: the architecture",
     ("remat/_core/residuals.py", "1.5 KiB"): "format_bytes's example: what it returns for 1536",
@@ -33,11 +38,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("remat/analysis/allocator.py", "64 MiB"): "glibc's size of a thread arena's heap (HEAP_MAX_SIZE, 64-bit)",
     ("remat/analysis/allocator.py", "4 KiB"): "the page size that each fault maps",
     ("remat/analysis/allocator.py", "128 KiB"): "glibc's default mmap threshold, which 'measure' sets",
-    ("remat/analysis/budget.py", "10 ms"): "the calibration's min_sample_s=0.01, set in the code below it",
     ("remat/analysis/process.py", "0.5 ms"): "the sampler's interval, time.sleep(0.0005) in the code",
     ("remat/cli/_crosscheck_memory.py", "10%"): "the command's tolerance for a module's bytes (its default)",
     ("remat/crosscheck/memory.py", "1%"): "the share of the larger total under which a difference is not named",
-    ("remat/planner/_fast.py", "1%"): "budget 0's slack over the least peak and temp bytes (1.01 in the code)",
+    ("remat/planner/_planner.py", "1%"): "budget 0's slack over the least peak and temp bytes (LEAN_SLACK, 1.01)",
     ("remat/planner/_planner.py", "1%"): "budget 0's slack over the least temp memory (1.01 in the code)",
     ("remat/planner/_planner.py", "3%"): "remat.planner.programs.CLOSE, the re-timing band",
 }

@@ -86,9 +86,9 @@ def calibrate(size: int = 512, repeat: int = 5, programs: Sequence[Callable[[], 
 
     global _measured
     programs = calibration_programs(size) if programs is None else programs
-    # a sample averages 10 ms of calls (the fastest single call of a sub-millisecond program
-    # varied 2x between runs); the rates are the medians of `repeat` samples each, after
-    # two untimed rounds of samples: the first samples of a process run at up to half speed
+    # a sample averages a hundredth of a second of calls, since a single call of a
+    # sub-millisecond program is too noisy to time (docs/planner.md); the rates are the medians
+    # of `repeat` samples each, after two untimed rounds: a process's first samples run slow
     time_programs(programs, rounds=2, min_sample_s=0.01)
     mm_s, ew_s = (max(t, 1e-9) for t in time_programs(programs, rounds=repeat, min_sample_s=0.01).medians_s())
     _measured = Rates(

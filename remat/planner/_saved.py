@@ -16,14 +16,14 @@ FORMAT = "remat.plan/1"
 
 def saved_fields(plan: Any) -> dict[str, Any]:
     """The JSON object of a feasible ``plan`` (a :class:`remat.planner.Plan`)."""
-    import jax
+    import importlib.metadata
 
-    import remat
+    import jax
 
     chosen = plan.chosen
     paths = plan.region_paths or (None,) * len(chosen.policies)
     return {
-        "format": FORMAT, "versions": {"jax": jax.__version__, "remat": remat.__version__},
+        "format": FORMAT, "versions": {"jax": jax.__version__, "remat": importlib.metadata.version("remat")},
         "label": chosen.label,
         "regions": [{"path": None if p is None else list(p), "option": policy_name(s)}
                     for p, s in zip(paths, chosen.policies)],
