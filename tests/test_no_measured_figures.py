@@ -42,7 +42,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("remat/cli/_crosscheck_memory.py", "10%"): "the command's tolerance for a module's bytes (its default)",
     ("remat/crosscheck/memory.py", "1%"): "the share of the larger total under which a difference is not named",
     ("remat/planner/_planner.py", "1%"): "budget 0's slack over the least peak and temp bytes (LEAN_SLACK, 1.01)",
-    ("remat/planner/_planner.py", "1%"): "budget 0's slack over the least temp memory (1.01 in the code)",
     ("remat/planner/_planner.py", "3%"): "remat.planner.programs.CLOSE, the re-timing band",
 }
 
