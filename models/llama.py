@@ -228,6 +228,42 @@ class LlamaForCausalLM(nnx.Module):
                           ).astype(self.autocast_dtype)
 
 
+class ScannedLlamaForCausalLM(nnx.Module):
+    """The same Llama with its decoder layers stacked and run by :func:`remat.scan.scan_nnx_layers`.
+
+    Built from an unrolled :class:`LlamaForCausalLM` (:meth:`from_unrolled`), sharing its
+    embedding, final norm and head and holding its layers' parameters stacked on a leading
+    axis: one compiled layer body instead of ``depth``. Each layer is checkpointed with
+    ``policy`` (``"nothing"``, as :class:`RematSettings`' default; None: no checkpoint).
+    """
+
+    def __init__(self, model: LlamaForCausalLM, policy: Any = "nothing"):
+        layers = list(model.model.layers)
+        graphdef, first = nnx.split(layers[0])
+        states = [first, *(nnx.split(layer)[1] for layer in layers[1:])]
+        self.layers = nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), *states))
+        self.embed_tokens, self.norm = model.model.embed_tokens, model.model.norm
+        self.lm_head = getattr(model, "lm_head", None)
+        self.head_dim, self.rope_theta, self.policy = model.model.head_dim, model.model.rope_theta, policy
+
+    def hidden(self, ids: jax.Array) -> jax.Array:
+        """The final norm's output ``(B, T, width)``."""
+        from remat.scan import scan_nnx_layers
+
+        x = self.embed_tokens(ids)
+        cos, sin = rotary_tables(ids.shape[1], self.head_dim, self.rope_theta, x.dtype)
+        x = scan_nnx_layers(self.layers, x, policy=self.policy, call=lambda layer, h: layer(h, cos, sin))
+        return self.norm(x)
+
+    def head_weight(self) -> jax.Array:
+        """The LM head's weight as ``(vocab, width)``, the embedding when tied."""
+        return self.embed_tokens.embedding[...] if self.lm_head is None else self.lm_head.kernel[...].T
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        h = self.hidden(ids)
+        return self.embed_tokens.attend(h) if self.lm_head is None else self.lm_head(h)
+
+
 def hf_config(config: LlamaConfig) -> Any:
     """The ``transformers.LlamaConfig`` of the twin: the same sizes, no KV cache (a training setup)."""
     t = transformers_module()
