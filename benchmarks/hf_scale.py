@@ -149,6 +149,20 @@ def jax_step(variant: str, precision: str, config_name: str, shape: Shape, memor
              seed: int = 0) -> Callable[[], Any]:
     """One remat training step of ``variant`` (a closure running the compiled ``value_and_grad``)."""
     import jax
+
+    grad_fn, args = jax_program(variant, precision, config_name, shape, memory_limit, seed)
+    compiled = jax.jit(grad_fn)
+
+    def step() -> Any:
+        return jax.block_until_ready(compiled(*args))
+
+    return step
+
+
+def jax_program(variant: str, precision: str, config_name: str, shape: Shape, memory_limit: int | None,
+                seed: int = 0) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """``(value_and_grad(loss), (params, ids, labels))`` of a remat ``variant``, not yet compiled."""
+    import jax
     import jax.numpy as jnp
 
     import remat
@@ -171,12 +185,23 @@ def jax_step(variant: str, precision: str, config_name: str, shape: Shape, memor
             raise ValueError("the plan variants need --memory-limit (the hf_checkpoint row's peak)")
         plan: Any = remat.plan  # memory_limit= (bytes) is being added to remat.plan on another branch
         loss = plan(loss, params, ids, labels, memory_limit=memory_limit).apply(loss)
-    compiled = jax.jit(jax.value_and_grad(loss))
+    return jax.value_and_grad(loss), (params, ids, labels)
 
-    def step() -> Any:
-        return jax.block_until_ready(compiled(params, ids, labels))
 
-    return step
+def explain(variant: str, precision: str, config_name: str, shape: Shape, top: int = 12) -> str:
+    """``remat.explain`` of a remat variant's training step: what holds its compiled peak."""
+    import remat
+
+    grad_fn, args = jax_program(variant, precision, config_name, shape, None)
+    report = remat.explain(grad_fn, *args)
+    head = (f"remat explain, hf_scale {variant} {precision}, {config_name} seq {shape.seq_len} "
+            f"batch {shape.batch_size}: temp {report.temp_bytes / 2**20:.1f} MiB")
+    from remat.analysis.explanation import format_bytes
+
+    temp = [[format_bytes(b.bytes), b.kind, b.module or "-", b.source or "-", b.shape or "-", b.region or "-",
+             b.rule or "-"] for b in report.temp_peak_buffers[:top]]  # the parameters are arguments, not temp
+    table_rows = [report.columns, ["---"] * len(report.columns), *temp]
+    return "\n".join([head, "", *report.summary(), "", *("| " + " | ".join(r) + " |" for r in table_rows)])
 
 
 def measure(step: Callable[[], Any], steps: int, progress: Callable[[str], None]) -> dict[str, Any]:
@@ -525,8 +550,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=None)
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--gradients", action="store_true", help="criterion 1: the float32 gradient check, as JSON")
+    ap.add_argument("--explain", default=None, metavar="VARIANT",
+                    help="print remat.explain of a remat variant's step (--precision) instead")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--precision", default="float32", help=argparse.SUPPRESS)
+    ap.add_argument("--precision", default="float32", help="with --explain: float32 or mixed")
     ap.add_argument("--memory-limit", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     base = QUICK if args.quick else FULL
@@ -536,6 +563,9 @@ def main(argv: list[str] | None = None) -> int:
         framework, variant = args.worker.split(":")
         row = run_worker(framework, variant, args.precision, args.config, shape, args.memory_limit)
         print("HF_SCALE_ROW " + json.dumps(row), flush=True)
+        return 0
+    if args.explain:
+        print(explain(args.explain, args.precision, args.config, shape))
         return 0
     if args.gradients:
         out = Path(args.out)
