@@ -28,7 +28,9 @@ processes hits them alike; a row's figures are the medians over its rounds. In a
 the model is built and one untimed step compiles it; then the increase of the process's
 peak RSS over the loaded model (parameters, inputs, the compiled program) during one step
 is read (:func:`remat.analysis.peak_rss_during`, glibc returning freed buffers); then
-``steps`` steps are timed (median). Progress goes to stderr; a variant that fails (out of
+``steps`` steps are timed (median). The baseline holds no gradients in either framework
+(PyTorch's of the step before are set to None first, as remat's are dropped with its
+outputs); the step's own gradients count in both. Progress goes to stderr; a variant that fails (out of
 memory, a compile error, a timeout) becomes a row with its ``error``.
 
 ``--gradients`` instead measures criterion 1: remat's float32 gradients of all 30 layers
@@ -57,7 +59,7 @@ REMAT_VARIANTS = ("no_checkpoint", "nothing", "no_checkpoint_chunked_ce", "nothi
 PRECISIONS = ("float32", "mixed")
 ROW_KEYS = ("framework", "variant", "precision", "seq_len", "batch_size", "peak_rss_bytes", "step_ms",
             "tokens_per_s")
-CE_CHUNK = 256  # tokens per chunk of chunked_cross_entropy: [256, 49152] float32 logits, 48 MiB
+CE_CHUNK = 64  # tokens per chunk of chunked_cross_entropy: [64, 49152] float32 logits, 12 MiB
 WORKER_TIMEOUT_S = 1800.0
 
 
@@ -112,15 +114,19 @@ def torch_step(variant: str, precision: str, config_name: str, shape: Shape, see
     ids, labels = (torch.from_numpy(a) for a in _data(config, seed))
     params = list(model.parameters())
 
-    def step() -> Any:
+    def release() -> None:  # the gradients of the step before, as remat's are dropped with its outputs
         for p in params:
             p.grad = None
+
+    def step() -> Any:
+        release()
         with torch.autocast("cpu", dtype=torch.bfloat16) if precision == "mixed" else contextlib.nullcontext():
             logits = forward(input_ids=ids).logits
         loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1))
         loss.backward()
         return loss
 
+    step.release = release  # type: ignore[attr-defined]
     return step
 
 
@@ -214,6 +220,7 @@ def measure(step: Callable[[], Any], steps: int, progress: Callable[[str], None]
     first_s = time.perf_counter() - t0
     progress(f"first step (compiles) {first_s:.1f} s")
     malloc_mode("measure")
+    getattr(step, "release", lambda: None)()  # the baseline holds no gradients in either framework
     rss = peak_rss_during(step)
     malloc_mode("time")
     step()
