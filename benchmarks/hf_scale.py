@@ -35,12 +35,14 @@ memory, a compile error, a timeout) becomes a row with its ``error``.
 
 ``--gradients`` instead measures criterion 1: remat's float32 gradients of all 30 layers
 (per-layer checkpointed on both sides, :func:`remat.crosscheck.compare_gradients`) against
-PyTorch's, and the float32 summation-order floor: PyTorch against itself with 1 and 2 threads.
+PyTorch's, and the float32 floor: PyTorch against itself with 1 and 2 threads (bitwise equal
+here) and against itself in float64.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import json
 import os
@@ -520,7 +522,8 @@ def _torch_grads(model: Any, ids: Any, threads: int) -> dict[str, Any]:
 
 
 def gradient_check(config_name: str = "smollm-135m", seed: int = 0) -> dict[str, Any]:
-    """remat vs PyTorch float32 gradients (per-layer checkpointed on both), and PyTorch 1 vs 2 threads.
+    """remat vs PyTorch float32 gradients (per-layer checkpointed on both); PyTorch against itself with
+    1 and 2 threads, and PyTorch float32 against PyTorch float64 (its own float32 error).
 
     The relative error of a tensor is ``max|a - b| / max|b|`` (:mod:`remat.crosscheck.report`).
     """
@@ -534,9 +537,14 @@ def gradient_check(config_name: str = "smollm-135m", seed: int = 0) -> dict[str,
     report = crosscheck.compare_gradients(jax_model, torch_model, inputs, dtype="float32")
     remat_vs_torch = {r.name: r.max_rel for r in report.rows if r.kind == "param"}
     one, two = _torch_grads(torch_model, inputs[0], 1), _torch_grads(torch_model, inputs[0], 2)
-    floor = {n: float(np.max(np.abs(one[n] - two[n])) / max(float(np.max(np.abs(two[n]))), 1e-30)) for n in two}
+    wide = _torch_grads(copy.deepcopy(torch_model).double(), inputs[0], 2)
+
+    def rel(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+        return {n: float(np.max(np.abs(a[n] - b[n])) / max(float(np.max(np.abs(b[n]))), 1e-30)) for n in b}
+
     return {"config": config_name, "seq_len": config.seq_len, "batch_size": config.batch, "ok": report.ok,
-            "remat_vs_torch": _distribution(remat_vs_torch), "torch_1_vs_2_threads": _distribution(floor),
+            "remat_vs_torch": _distribution(remat_vs_torch), "torch_1_vs_2_threads": _distribution(rel(one, two)),
+            "torch_float32_vs_float64": _distribution(rel(two, wide)),
             "outputs_rel": {r.name: r.max_rel for r in report.rows if r.kind == "output"}}
 
 

@@ -91,8 +91,10 @@ def test_targets_and_report(tmp_path):
 
 @pytest.mark.slow
 def test_smollm_135m_float32_gradients_match_pytorch_at_full_depth():
-    """Criterion 1: every tensor within float32 rounding (the crosscheck's 1e-4), 30 layers checkpointed."""
+    """Criterion 1: every tensor within twice PyTorch's own float32 error, 30 layers checkpointed on both sides."""
     result = hf_scale.gradient_check("smollm-135m")
     assert result["ok"]
     assert result["remat_vs_torch"]["tensors"] == 272  # 30 x 9 + norm + embedding (the head is tied)
     assert result["remat_vs_torch"]["max"] < 1e-4
+    # two float32 computations, each within PyTorch's own float32 error of the float64 one
+    assert result["remat_vs_torch"]["max"] <= 2 * result["torch_float32_vs_float64"]["max"]
