@@ -98,3 +98,22 @@ def test_smollm_135m_float32_gradients_match_pytorch_at_full_depth():
     assert result["remat_vs_torch"]["max"] < 1e-4
     # two float32 computations, each within PyTorch's own float32 error of the float64 one
     assert result["remat_vs_torch"]["max"] <= 2 * result["torch_float32_vs_float64"]["max"]
+
+
+@pytest.mark.parametrize("argv,needle", [(["crosscheck", "llama", "--config", "nope"], "has no config 'nope'"),
+                                         (["crosscheck", "mlp", "--config", "smollm-135m"], "mlp has no config")])
+def test_crosscheck_config_names_are_checked_in_one_line(argv, needle, capsys):
+    from remat.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err
+
+
+def test_the_smollm_config_is_smollm_135m_shape():
+    from remat.models import HF_MODELS
+
+    config = HF_MODELS["llama"].make_config(named="smollm-135m")
+    assert (config.width, config.depth, config.heads, config.kv_heads, config.mlp_width, config.vocab) == \
+        (576, 30, 9, 3, 1536, 49152)
+    assert config.tie_embeddings and config.rms_eps == 1e-5 and config.rope_theta == 10000.0
