@@ -49,6 +49,7 @@ class ModelEntry:
     library's defaults are too tight for the twin (HuggingFace's float32 islands);
     ``training_tolerances`` the same for the training comparison, and ``training_exclude``
     the parameters it leaves out (``compare_training(exclude=)``: gradients zero in theory).
+    ``configs`` maps a name to a full-size config (``llama``'s ``"smollm-135m"``).
     """
 
     name: str
@@ -63,6 +64,7 @@ class ModelEntry:
     tolerances: Any = dataclasses.field(default_factory=dict)
     training_tolerances: Any = dataclasses.field(default_factory=dict)
     training_exclude: Any = None
+    configs: Any = dataclasses.field(default_factory=dict)
 
     def build(self, remat: RematSettings | None = None, seed: int = 0, **overrides: Any) -> tuple[Any, Any, tuple]:
         """``(jax_model, torch_model, example_inputs)`` for the default config.
@@ -74,11 +76,13 @@ class ModelEntry:
         """
         return self.factory(self.make_config(remat, **overrides), seed)
 
-    def make_config(self, remat: RematSettings | None = None, **overrides: Any) -> Any:
-        """The default config with ``remat`` and ``overrides`` applied."""
+    def make_config(self, remat: RematSettings | None = None, named: str | None = None, **overrides: Any) -> Any:
+        """The default config (or the named one of :attr:`configs`) with ``remat`` and ``overrides`` applied."""
+        if named is not None and named not in self.configs:
+            raise ValueError(f"{self.name} has no config {named!r}; its configs: {', '.join(self.configs) or 'none'}")
         if remat is not None:
             overrides["remat"] = remat
-        return dataclasses.replace(self.config, **overrides)
+        return dataclasses.replace(self.config if named is None else self.configs[named], **overrides)
 
     def example_targets(self, config: Any = None, seed: int = 0) -> Any:
         """Training targets for ``config`` (default config when omitted)."""
@@ -112,7 +116,8 @@ HF_MODELS: dict[str, ModelEntry] = {
         "llama", "transformers.LlamaForCausalLM: depth 2, width 32, 4 heads / 2 kv heads, RoPE, SwiGLU, seq 8",
         llama.LlamaConfig(), llama.build, llama.example_targets, llama.CHECKPOINT_NAMES,
         module=llama.LlamaForCausalLM, tolerances=llama.TOLERANCES,
-        training_tolerances=llama.TRAINING_TOLERANCES, training_exclude=llama.TRAINING_EXCLUDE),
+        training_tolerances=llama.TRAINING_TOLERANCES, training_exclude=llama.TRAINING_EXCLUDE,
+        configs=llama.CONFIGS),
     "gpt2": ModelEntry(
         "gpt2", "transformers.GPT2LMHeadModel: depth 2, width 32, 4 heads, Conv1D, tied head, seq 8",
         gpt2.GPT2Config(), gpt2.build, gpt2.example_targets, gpt2.CHECKPOINT_NAMES,

@@ -2,7 +2,9 @@
 
 Token embedding, ``depth`` pre-norm decoder layers (RMSNorm, grouped-query causal
 self-attention with rotary position embeddings, RMSNorm, SwiGLU MLP), a final RMSNorm and
-an LM head without bias, untied, as in HuggingFace's Llama. The attribute names follow
+an LM head without bias, untied as in HuggingFace's Llama by default, or tied to the token
+embedding (``tie_embeddings``: the NNX model then has no ``lm_head`` and computes the logits
+with ``embed_tokens.attend``, as SmolLM does). The attribute names follow
 HuggingFace's (``model.layers.0.self_attn.q_proj``, ``model.norm``, ``lm_head``), so that
 :func:`remat.crosscheck.load_torch_state` fills the NNX model from the stock
 ``LlamaForCausalLM`` (random init from a tiny ``transformers.LlamaConfig``) without
@@ -20,9 +22,15 @@ rounding (:data:`TOLERANCES`; docs/crosscheck.md names the exact lines and the f
 Needs ``transformers`` for the twin only (``pip install 'remat[hf]'``); the NNX model
 needs nothing beyond JAX and Flax.
 
+Named configs (:data:`CONFIGS`): ``"tiny"`` (the default, for tests) and ``"smollm-135m"``
+(SmolLM-135M's shape: 30 layers, 135M parameters, seq 512, batch 2), chosen on the command
+line with ``remat crosscheck llama --config smollm-135m``.
+
 Example:
   >>> from remat.models import llama
   >>> jm, tm, (ids,) = llama.build(llama.LlamaConfig())  # doctest: +SKIP
+  >>> llama.CONFIGS["smollm-135m"].depth
+  30
 """
 from __future__ import annotations
 
@@ -68,6 +76,7 @@ class LlamaConfig:
     batch: int = 2
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
+    tie_embeddings: bool = False
     remat: RematSettings = field(default_factory=RematSettings)
 
     def __post_init__(self) -> None:
@@ -175,15 +184,84 @@ class LlamaModel(nnx.Module):
         return self.norm(x)
 
 
+#: The named configs; ``"smollm-135m"`` is HuggingFaceTB/SmolLM-135M's shape (its config.json),
+#: at the benchmark's sequence length and batch.
+CONFIGS: dict[str, LlamaConfig] = {
+    "tiny": LlamaConfig(),
+    "smollm-135m": LlamaConfig(vocab=49152, width=576, depth=30, heads=9, kv_heads=3, mlp_width=1536,
+                               seq_len=512, batch=2, rope_theta=10000.0, rms_eps=1e-5, tie_embeddings=True),
+}
+
+
 class LlamaForCausalLM(nnx.Module):
-    """The Flax NNX Llama: token ids ``(B, T)`` -> logits ``(B, T, vocab)``."""
+    """The Flax NNX Llama: token ids ``(B, T)`` -> logits ``(B, T, vocab)``.
+
+    :meth:`hidden` and :meth:`head_weight` split the call in two, for a loss that never
+    forms the logits (:func:`remat.ops.chunked_cross_entropy`).
+    """
 
     def __init__(self, config: LlamaConfig, *, rngs: nnx.Rngs):
         self.model = LlamaModel(config, rngs=rngs)
-        self.lm_head = nnx.Linear(config.width, config.vocab, use_bias=False, rngs=rngs)
+        if not config.tie_embeddings:
+            self.lm_head = nnx.Linear(config.width, config.vocab, use_bias=False, rngs=rngs)
+        self.autocast_dtype = None  # bfloat16 under an emulated torch.autocast (remat.crosscheck.autocast)
+
+    def hidden(self, ids: jax.Array) -> jax.Array:
+        """The final norm's output ``(B, T, width)``, the LM head's input."""
+        return self.model(ids)
+
+    def head_weight(self) -> jax.Array:
+        """The LM head's weight as ``(vocab, width)`` (PyTorch's layout), the embedding when tied."""
+        if hasattr(self, "lm_head"):
+            return self.lm_head.kernel[...].T
+        return self.model.embed_tokens.embedding[...]
 
     def __call__(self, ids: jax.Array) -> jax.Array:
-        return self.lm_head(self.model(ids))
+        h = self.hidden(ids)
+        if hasattr(self, "lm_head"):
+            return self.lm_head(h)
+        if self.autocast_dtype is None:
+            return self.model.embed_tokens.attend(h)
+        # under torch.autocast the tied head is a bfloat16 nn.Linear; the embedding lookup stays float32
+        w = self.model.embed_tokens.embedding[...].astype(self.autocast_dtype)
+        return jnp.matmul(h.astype(self.autocast_dtype), w.T, preferred_element_type=jnp.float32
+                          ).astype(self.autocast_dtype)
+
+
+class ScannedLlamaForCausalLM(nnx.Module):
+    """The same Llama with its decoder layers stacked and run by :func:`remat.scan.scan_nnx_layers`.
+
+    Built from an unrolled :class:`LlamaForCausalLM` (:meth:`from_unrolled`), sharing its
+    embedding, final norm and head and holding its layers' parameters stacked on a leading
+    axis: one compiled layer body instead of ``depth``. Each layer is checkpointed with
+    ``policy`` (``"nothing"``, as :class:`RematSettings`' default; None: no checkpoint).
+    """
+
+    def __init__(self, model: LlamaForCausalLM, policy: Any = "nothing"):
+        layers = list(model.model.layers)
+        graphdef, first = nnx.split(layers[0])
+        states = [first, *(nnx.split(layer)[1] for layer in layers[1:])]
+        self.layers = nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), *states))
+        self.embed_tokens, self.norm = model.model.embed_tokens, model.model.norm
+        self.lm_head = getattr(model, "lm_head", None)
+        self.head_dim, self.rope_theta, self.policy = model.model.head_dim, model.model.rope_theta, policy
+
+    def hidden(self, ids: jax.Array) -> jax.Array:
+        """The final norm's output ``(B, T, width)``."""
+        from remat.scan import scan_nnx_layers
+
+        x = self.embed_tokens(ids)
+        cos, sin = rotary_tables(ids.shape[1], self.head_dim, self.rope_theta, x.dtype)
+        x = scan_nnx_layers(self.layers, x, policy=self.policy, call=lambda layer, h: layer(h, cos, sin))
+        return self.norm(x)
+
+    def head_weight(self) -> jax.Array:
+        """The LM head's weight as ``(vocab, width)``, the embedding when tied."""
+        return self.embed_tokens.embedding[...] if self.lm_head is None else self.lm_head.kernel[...].T
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        h = self.hidden(ids)
+        return self.embed_tokens.attend(h) if self.lm_head is None else self.lm_head(h)
 
 
 def hf_config(config: LlamaConfig) -> Any:
@@ -194,7 +272,7 @@ def hf_config(config: LlamaConfig) -> Any:
         num_hidden_layers=config.depth, num_attention_heads=config.heads, num_key_value_heads=config.kv_heads,
         max_position_embeddings=config.seq_len, rms_norm_eps=config.rms_eps,
         rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
-        bos_token_id=0, eos_token_id=1, use_cache=False)
+        tie_word_embeddings=config.tie_embeddings, bos_token_id=0, eos_token_id=1, use_cache=False)
 
 
 def make_torch_model(config: LlamaConfig) -> Any:

@@ -34,6 +34,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL",
                         help="a built-in model (seed-model, seed-mymodel, mlp, transformer, cnn; llama, gpt2, "
                              "resnet: HuggingFace twins) or path/to/file.py:factory")
+    parser.add_argument("--config", default=None, metavar="NAME",
+                        help="a built-in model's named config instead of its small default "
+                             "(llama: smollm-135m, SmolLM-135M's shape)")
     parser.add_argument("--policy", default="nothing", choices=POLICIES,
                         help="remat policy in every block ('names': the model's tagged names; "
                              "'no_checkpoint': no checkpointing). Default: nothing (PyTorch's behaviour)")
@@ -90,9 +93,14 @@ def _load(args: argparse.Namespace, settings: Any) -> tuple[Any, Any, tuple, Any
                 transformers_module()
             except ImportError as e:
                 raise UsageError(str(e)) from None
-        config = entry.make_config(settings)
+        try:
+            config = entry.make_config(settings, named=args.config)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         jax_model, torch_model, inputs = entry.factory(config, args.seed)
         return jax_model, torch_model, inputs, entry.example_targets(config, args.seed), False, settings.label
+    if args.config is not None:
+        raise UsageError(f"--config {args.config}: only a built-in model has named configs, not {args.model}")
     try:
         factory = load_factory(args.model)
     except ValueError as e:

@@ -1,0 +1,93 @@
+"""remat.ops.chunked_cross_entropy against optax on the full logits: values, gradients, memory."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from remat import ops
+
+
+def _problem(batch: int, seq: int, width: int, vocab: int, ignored: int = 0, seed: int = 0):
+    k_h, k_w, k_y = jax.random.split(jax.random.key(seed), 3)
+    hidden = jax.random.normal(k_h, (batch, seq, width), jnp.float32)
+    embedding = jax.random.normal(k_w, (vocab, width), jnp.float32) * width ** -0.5
+    labels = jax.random.randint(k_y, (batch, seq), 0, vocab)
+    labels = labels.at[0, :ignored].set(-100)
+    return hidden, embedding, labels
+
+
+def _reference(hidden, embedding, labels):
+    """optax on the full logits, averaged over the labels that are not -100 (HuggingFace's loss)."""
+    keep = labels != -100
+    losses = optax.softmax_cross_entropy_with_integer_labels(hidden @ embedding.T, jnp.where(keep, labels, 0))
+    return jnp.sum(jnp.where(keep, losses, 0.0)) / jnp.sum(keep)
+
+
+def _rel(a, b) -> float:
+    return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+
+
+@pytest.mark.parametrize("chunk", [1, 8, 10, 64, 1000])  # 10 does not divide 2*24 tokens; 1000 exceeds them
+@pytest.mark.parametrize("ignored", [0, 5])
+def test_value_and_gradients_equal_optax_on_full_logits(chunk, ignored):
+    hidden, embedding, labels = _problem(2, 24, 16, 50, ignored)
+    loss = jax.jit(lambda h, w: ops.chunked_cross_entropy(h, w, labels, chunk=chunk))
+    expected, (g_h, g_w) = jax.value_and_grad(_reference, (0, 1))(hidden, embedding, labels)
+    got, (c_h, c_w) = jax.jit(jax.value_and_grad(loss, (0, 1)))(hidden, embedding)
+    assert abs(float(got) - float(expected)) <= 1e-6 * abs(float(expected))
+    assert _rel(c_h, g_h) < 1e-5 and _rel(c_w, g_w) < 1e-5  # float32 rounding, different summation order
+    if ignored:
+        assert float(jnp.max(jnp.abs(c_h[0, :ignored]))) == 0.0  # ignored tokens get no gradient
+
+
+def test_gradient_scales_with_the_incoming_cotangent():
+    hidden, embedding, labels = _problem(1, 12, 8, 30)
+    _, vjp = jax.vjp(lambda h: ops.chunked_cross_entropy(h, embedding, labels, chunk=5), hidden)
+    _, vjp_ref = jax.vjp(lambda h: _reference(h, embedding, labels), hidden)
+    assert _rel(vjp(jnp.float32(3.0))[0], vjp_ref(jnp.float32(3.0))[0]) < 1e-5
+
+
+def test_all_ignored_is_zero_not_nan():
+    hidden, embedding, labels = _problem(1, 4, 8, 10)
+    labels = jnp.full_like(labels, -100)
+    loss, grad = jax.value_and_grad(lambda h: ops.chunked_cross_entropy(h, embedding, labels, chunk=3))(hidden)
+    assert float(loss) == 0.0 and float(jnp.max(jnp.abs(grad))) == 0.0
+
+
+def test_bfloat16_inputs_give_a_float32_loss_close_to_float32():
+    hidden, embedding, labels = _problem(2, 16, 16, 40)
+    exact = _reference(hidden, embedding, labels)
+    low = ops.chunked_cross_entropy(hidden.astype(jnp.bfloat16), embedding.astype(jnp.bfloat16), labels, chunk=8)
+    grad = jax.grad(ops.chunked_cross_entropy)(hidden.astype(jnp.bfloat16), embedding.astype(jnp.bfloat16), labels)
+    assert low.dtype == jnp.float32 and grad.dtype == jnp.bfloat16
+    assert abs(float(low) - float(exact)) < 2e-2 * float(exact)
+
+
+@pytest.mark.parametrize("bad", [{"chunk": 0}, {"labels_shape": (2, 5)}])
+def test_bad_arguments_are_one_line_errors(bad):
+    hidden, embedding, labels = _problem(2, 4, 8, 10)
+    if "labels_shape" in bad:
+        labels = jnp.zeros(bad["labels_shape"], jnp.int32)
+    with pytest.raises(ValueError, match="chunked_cross_entropy") as info:
+        ops.chunked_cross_entropy(hidden, embedding, labels, chunk=bad.get("chunk", 4))
+    assert "\n" not in str(info.value)
+
+
+def test_compiled_step_never_holds_the_full_logits():
+    """jit(grad) of the plain loss holds [tokens, vocab] logits and their gradient; chunked, far less."""
+    hidden, embedding, labels = _problem(2, 512, 32, 4096)
+    logits_bytes = 2 * 512 * 4096 * 4
+
+    def temp(loss):
+        compiled = jax.jit(jax.grad(loss, (0, 1))).lower(hidden, embedding, labels).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    plain = temp(_reference)
+    chunked = temp(lambda h, w, y: ops.chunked_cross_entropy(h, w, y, chunk=128))
+    assert plain >= logits_bytes  # the full logits (or their gradient) are there
+    assert chunked < logits_bytes / 4  # a chunk's logits are 1/8 of them
+    np.testing.assert_allclose(float(ops.chunked_cross_entropy(hidden, embedding, labels, chunk=128)),
+                               float(_reference(hidden, embedding, labels)), rtol=1e-6)

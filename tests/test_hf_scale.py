@@ -1,0 +1,119 @@
+"""benchmarks.hf_scale on the tiny Llama: rows, error rows, the report; the smollm-135m config (slow)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+from benchmarks import hf_scale  # noqa: E402
+
+TINY = hf_scale.Shape(seq_len=8, batch_size=2, rounds=1, steps=2)
+
+
+@pytest.mark.parametrize("framework,variant", [("torch", "hf_checkpoint"), ("remat", "nothing_chunked_ce")])
+def test_a_worker_measures_a_row(framework, variant):
+    row = hf_scale.run_worker(framework, variant, "float32", "tiny", TINY)
+    assert "error" not in row, row
+    assert set(hf_scale.ROW_KEYS) <= set(row)
+    assert row["peak_rss_bytes"] >= 0 and row["step_ms"] > 0
+    assert row["tokens_per_s"] == pytest.approx(16 / (row["step_ms"] / 1e3))
+
+
+def test_a_failing_variant_is_an_error_row_not_a_crash():
+    row = hf_scale.run_worker("remat", "plan", "float32", "tiny", TINY, memory_limit=None)
+    assert row["error"].startswith("ValueError") and "\n" not in row["error"]
+
+
+def test_chunked_and_plain_losses_agree_on_the_tiny_llama():
+    import jax
+    import jax.numpy as jnp
+
+    from remat.models import llama
+
+    config = llama.LlamaConfig(tie_embeddings=True)
+    model, _, (ids,) = llama.build(config)
+    labels = jnp.asarray(llama.example_targets(config), jnp.int32)
+    plain, params = hf_scale.jax_loss(model, chunked=False)
+    chunked, _ = hf_scale.jax_loss(model, chunked=True)
+    (a, ga), (b, gb) = (jax.value_and_grad(f)(params, jnp.asarray(ids), labels) for f in (plain, chunked))
+    assert float(a) == pytest.approx(float(b), rel=1e-6)
+    for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-4, atol=1e-6)
+
+
+def test_scanned_llama_equals_the_unrolled_one():
+    import jax.numpy as jnp
+
+    from remat.models import llama
+
+    model, _, (ids,) = llama.build(llama.LlamaConfig(tie_embeddings=True, depth=3))
+    scanned = llama.ScannedLlamaForCausalLM(model)
+    np.testing.assert_allclose(np.asarray(scanned(jnp.asarray(ids))), np.asarray(model(jnp.asarray(ids))),
+                               rtol=1e-5, atol=1e-6)
+
+
+def _row(framework, variant, precision, mib, ms, **extra):
+    return {"framework": framework, "variant": variant, "precision": precision, "seq_len": 8, "batch_size": 2,
+            "peak_rss_bytes": mib * 2**20, "step_ms": ms, "tokens_per_s": 16e3 / ms, **extra}
+
+
+def test_merge_rounds_takes_medians_and_keeps_errors():
+    rounds = [_row("torch", "eager", "float32", 10, 30), _row("torch", "eager", "float32", 12, 10),
+              _row("torch", "eager", "float32", 11, 20, first_step_s=1.0)]
+    for r in rounds:
+        r.setdefault("first_step_s", 1.0)
+    merged = hf_scale.merge_rounds([*rounds, {**rounds[0], "error": "boom"}])
+    assert merged["step_ms"] == 20 and merged["peak_rss_bytes"] == 11 * 2**20 and merged["round_errors"] == ["boom"]
+    failed = hf_scale.merge_rounds([{**rounds[0], "error": "OOM"}])
+    assert failed["error"] == "OOM"
+
+
+def test_targets_and_report(tmp_path):
+    rows = [_row("torch", "eager", "float32", 100, 50), _row("torch", "hf_checkpoint", "float32", 60, 70),
+            _row("remat", "no_checkpoint", "float32", 90, 40), _row("remat", "nothing", "float32", 50, 65),
+            {"framework": "remat", "variant": "plan", "precision": "float32", "seq_len": 8, "batch_size": 2,
+             "error": "TypeError: plan() got an unexpected keyword argument 'memory_limit'"}]
+    found = hf_scale.targets(rows)
+    assert found[0]["met"] and found[0]["rows"] == ["nothing"]
+    assert found[1]["met"] and found[1]["ratio"] == 0.8
+    meta = {"config": "tiny", "command": "x", "commit": "abc", "dirty": False, "date": "d", "machine": "m",
+            "loadavg_end": "1", "wall_s": 1.0, "shape": {"seq_len": 8, "batch_size": 2, "rounds": 1, "steps": 2},
+            "versions": {"jax": "0"}}
+    text = hf_scale.markdown({"meta": meta, "rows": rows, "targets": found})
+    assert "error: TypeError" in text and "| float32 | remat | nothing | 50 | 65 |" in text
+    hf_scale.plot(rows, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 1000
+    json.dumps(found)
+
+
+@pytest.mark.slow
+def test_smollm_135m_float32_gradients_match_pytorch_at_full_depth():
+    """Criterion 1: every tensor within twice PyTorch's own float32 error, 30 layers checkpointed on both sides."""
+    result = hf_scale.gradient_check("smollm-135m")
+    assert result["ok"]
+    assert result["remat_vs_torch"]["tensors"] == 272  # 30 x 9 + norm + embedding (the head is tied)
+    assert result["remat_vs_torch"]["max"] < 1e-4
+    # two float32 computations, each within PyTorch's own float32 error of the float64 one
+    assert result["remat_vs_torch"]["max"] <= 2 * result["torch_float32_vs_float64"]["max"]
+
+
+@pytest.mark.parametrize("argv,needle", [(["crosscheck", "llama", "--config", "nope"], "has no config 'nope'"),
+                                         (["crosscheck", "mlp", "--config", "smollm-135m"], "mlp has no config")])
+def test_crosscheck_config_names_are_checked_in_one_line(argv, needle, capsys):
+    from remat.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err
+
+
+def test_the_smollm_config_is_smollm_135m_shape():
+    from remat.models import HF_MODELS
+
+    config = HF_MODELS["llama"].make_config(named="smollm-135m")
+    assert (config.width, config.depth, config.heads, config.kv_heads, config.mlp_width, config.vocab) == \
+        (576, 30, 9, 3, 1536, 49152)
+    assert config.tie_embeddings and config.rms_eps == 1e-5 and config.rope_theta == 10000.0
