@@ -191,8 +191,10 @@ def jax_program(variant: str, precision: str, config_name: str, shape: Shape, me
     if variant.startswith("plan"):
         if memory_limit is None:
             raise ValueError("the plan variants need --memory-limit (the hf_checkpoint row's peak)")
-        plan: Any = remat.plan  # memory_limit= (bytes) is being added to remat.plan on another branch
-        loss = plan(loss, params, ids, labels, memory_limit=memory_limit).apply(loss)
+        # memory_limit is the rise over the loaded model that the HF-checkpointed run needed;
+        # the plan's limit is the compiled step's whole footprint, which holds the parameters too
+        loaded = sum(x.nbytes for x in jax.tree.leaves(params))
+        loss = remat.plan(loss, params, ids, labels, memory_limit=memory_limit + loaded).apply(loss)
     return jax.value_and_grad(loss), (params, ids, labels)
 
 
