@@ -99,24 +99,25 @@ def _priced(keys: list[Key], distinct: dict[Key, Any], fusing: dict[Key, Any], o
         # un-checkpointed ones: JAX's partial evaluation, not a guess, decides which of
         # its operations run again (the backward reads only some of them)
         unchecked = next((t for t, o in zip(traced, options) if is_no_checkpoint(o)), None)
-        base = unchecked[1] if unchecked is not None else _vjp_work(body, key[1], None, checkpointed=False)[1]
-        work_row = [(max(f - base[0], 0.0), max(b - base[1], 0.0)) for _, (f, b) in traced]
-        kept_row = [kept for kept, _ in traced]
+        base = unchecked[2] if unchecked is not None else _vjp_work(body, key[1], None, checkpointed=False)[2]
+        work_row = [(max(f - base[0], 0.0), max(b - base[1], 0.0)) for _, _, (f, b) in traced]
+        kept_row = [kept for kept, _, _ in traced]
         fused, unfused = fusing[key].result(), _total(_work(e) for e in _leaf_eqns(body.jaxpr))
         # XLA's FLOPs over the cost model's, for the whole forward (1 where either count is missing)
         scale = fused[0] / unfused[0] if fused and fused[0] and unfused[0] else 1.0
-        rows[key] = ([1e3 * (f * scale / rates.flops_per_s + b / rates.bytes_per_s)
-                      for f, b in work_row], kept_row)
+        rows[key] = ([1e3 * (f * scale / rates.flops_per_s + b / rates.bytes_per_s) + host_transfer_ms(host)
+                      for (f, b), (_, host, _) in zip(work_row, traced)], kept_row)
     return RegionCosts([list(rows[k][0]) for k in keys], [list(rows[k][1]) for k in keys], list(options))
 
 
 def _vjp_work(body: Any, computed: tuple[bool, ...], policy: Any,
-              checkpointed: bool) -> tuple[int, tuple[float, float]]:
+              checkpointed: bool) -> tuple[int, int, tuple[float, float]]:
     """The bytes a region keeps for its backward pass, and the work of its forward and
     backward passes, from one trace of ``jax.vjp`` of its body and of the backward pass.
 
     The kept bytes are the residuals of ``jax.vjp``, less the inputs that are the step's
-    arguments (parameters and data are held anyway).
+    arguments (parameters and data are held anyway), and less those an offloading policy
+    puts in host memory: the offloaded bytes, which cost a copy each way instead.
 
     Args:
       body: the region's body, a closed jaxpr.
@@ -125,7 +126,7 @@ def _vjp_work(body: Any, computed: tuple[bool, ...], policy: Any,
       checkpointed: False: the body is not checkpointed (``policy`` is ignored).
 
     Returns:
-      ``(kept bytes, (FLOPs, bytes moved))``, the work unfused (:func:`_work`).
+      ``(kept bytes, offloaded bytes, (FLOPs, bytes moved))``, the work unfused (:func:`_work`).
     """
     fn = xb.jaxpr_function(body)
     if checkpointed:  # as remat's regions are built, whatever jax_remat3 says
@@ -144,9 +145,27 @@ def _vjp_work(body: Any, computed: tuple[bool, ...], policy: Any,
     residuals = {v for v in jaxpr.outvars[:count] if not xb.is_literal(v)}
     position = {v: i for i, v in enumerate(jaxpr.invars)}
     constants = set(jaxpr.constvars)
-    kept = sum(aval_nbytes(v.aval) for v in residuals
-               if (computed[position[v]] if v in position else v not in constants))
-    return kept, _total(_work(e) for e in _leaf_eqns(jaxpr))
+    held = [v for v in residuals if (computed[position[v]] if v in position else v not in constants)]
+    offloaded = sum(aval_nbytes(v.aval) for v in held if _on_host(v.aval))
+    kept = sum(aval_nbytes(v.aval) for v in held) - offloaded
+    return kept, offloaded, _total(_work(e) for e in _leaf_eqns(jaxpr))
+
+
+#: Bytes per second a value offloaded to host memory crosses the link at, each way:
+#: PCIe 4.0 x16's nominal rate, the slowest host link of current GPUs and TPUs.
+HOST_BYTES_PER_S = 32e9
+
+
+def host_transfer_ms(nbytes: float) -> float:
+    """Milliseconds to move ``nbytes`` offloaded values to host memory in the forward pass
+    and back in the backward pass, at :data:`HOST_BYTES_PER_S`."""
+    return 1e3 * 2 * nbytes / HOST_BYTES_PER_S
+
+
+def _on_host(aval: Any) -> bool:
+    """Whether a residual is kept in host memory (an offloading policy's ``pinned_host``)."""
+    space = getattr(aval, "memory_space", None)
+    return str(getattr(space, "name", space)).lower() == "host"
 
 
 def _cotangent(out: Any) -> Any:
@@ -194,7 +213,8 @@ _MATERIALIZED = frozenset({"dot_general", "conv_general_dilated", "reduce_sum", 
 #: Operations that only move or relabel data: fused, they compute nothing.
 _MOVES = frozenset({"reshape", "broadcast_in_dim", "squeeze", "expand_dims", "transpose", "slice", "dynamic_slice",
                     "concatenate", "pad", "copy", "copy_p", "convert_element_type", "name", "reduce_precision",
-                    "optimization_barrier", "iota", "split", "stop_gradient", "rev", "gather", "dynamic_update_slice"})
+                    "optimization_barrier", "iota", "split", "stop_gradient", "rev", "gather", "dynamic_update_slice",
+                    "device_put"})  # an offload's copy to host and back is priced apart (:func:`host_transfer_ms`)
 
 
 def _work(eqn: Any) -> tuple[float, float]:

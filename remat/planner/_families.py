@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from remat import scan as _scan
 from remat.analysis.budget import ResidualBudget
 from remat.planner._candidate import CandidateSpec
 from remat.planner.steering import AS_WRITTEN, Binomial, Survey
-from remat.policies import NO_CHECKPOINT, PolicySpec, policy_name
+from remat.policies import NO_CHECKPOINT, PolicySpec, offload_names, policy_name
 
 #: The fixed policies the planner tries on every region (``remat.plan(policies=)``'s default).
 PLANNED_POLICIES: tuple[PolicySpec, ...] = ("nothing", "dots_no_batch", "dots")
@@ -72,9 +73,53 @@ def name_groups(names: Sequence[str]) -> list[tuple[str, ...]]:
     return [tuple(names)] + ([(m,) for m in names] if 1 < len(names) <= FEW_NAMES else [])
 
 
+#: The one line :meth:`remat.planner.Plan.why` gives where the step tags values but
+#: :func:`host_offload_available` is False.
+NO_HOST_OFFLOAD = ("host offload not considered: the backend ({platform}) has no host memory "
+                   "separate from the device's")
+
+
+def host_offload_available(devices: Sequence[Any] | None = None) -> bool:
+    """Whether ``devices`` (default: ``jax.devices()``) can move a value to host memory
+    distinct from theirs: GPUs or TPUs that expose a ``pinned_host`` memory kind. XLA:CPU
+    lists one too, but there it is the same memory, and JAX lowers the move as nothing."""
+    import jax
+
+    devices = jax.devices() if devices is None else devices
+    return bool(devices) and all(
+        d.platform in ("gpu", "tpu") and "pinned_host" in {m.kind for m in d.addressable_memories()}
+        for d in devices)
+
+
+def offload_groups(names: Sequence[str], devices: Sequence[Any] | None = None) -> list[Any]:
+    """Each of :func:`name_groups` offloaded to host memory instead of kept on the device
+    (:func:`remat.policies.offload_names`), where :func:`host_offload_available`; else none.
+
+    Example:
+      >>> offload_groups(["attn_out"], jax.devices("cpu"))  # doctest: +SKIP
+      []
+    """
+    if not names or not host_offload_available(devices):
+        return []
+    return [offload_names(*g) for g in name_groups(names)]
+
+
+def offload_note(names: Sequence[str], devices: Sequence[Any] | None = None) -> str | None:
+    """Why host offload was not weighed for a step tagging ``names`` (None: it was, or
+    there is nothing tagged to offload)."""
+    import jax
+
+    if not names or host_offload_available(devices):
+        return None
+    devices = jax.devices() if devices is None else devices
+    return NO_HOST_OFFLOAD.format(platform=devices[0].platform if devices else "none")
+
+
 def _name_specs(survey: Survey) -> list[CandidateSpec]:
-    """Every region keeping the values the model's author tagged (:func:`name_groups`)."""
-    return [CandidateSpec(f"all: {policy_name(g)}", (g,) * survey.regions) for g in name_groups(survey.names)]
+    """Every region keeping the values the model's author tagged (:func:`name_groups`),
+    or offloading them to host memory (:func:`offload_groups`)."""
+    groups = [*name_groups(survey.names), *offload_groups(survey.names)]
+    return [CandidateSpec(f"all: {policy_name(g)}", (g,) * survey.regions) for g in groups]
 
 
 def _scan_specs(survey: Survey, policies: Sequence[PolicySpec]) -> list[CandidateSpec]:

@@ -36,6 +36,8 @@ class Plan:
         nothing fits, the leanest candidate's.
       region_paths: each region's module path, in trace order (None for a region written
         by hand); :meth:`apply` checks the step against them.
+      not_offloaded: why offloading the step's tagged values to host memory was not
+        weighed, in one line (None: it was, or the step tags none).
     """
 
     memory_budget: float
@@ -52,6 +54,7 @@ class Plan:
     device_bytes: int | None = None
     footprint: Footprint | None = None
     region_paths: tuple[Any, ...] | None = None
+    not_offloaded: str | None = None
 
     def apply(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
         """``step_fn`` with the plan's choice for every checkpointed region (at trace time).
@@ -123,10 +126,11 @@ class Plan:
 
     def why(self) -> list[str]:
         """What the alternatives would have cost: the runner-up's time, the nearest faster
-        candidate's bytes over the limit."""
+        candidate's bytes over the limit; and why host offload was not weighed, if it was not."""
         lines: list[str] = []
+        note = [self.not_offloaded] if self.not_offloaded is not None else []
         if self.chosen is None:
-            return lines
+            return note
         up = self.runner_up
         if up is not None and up.compiled is None and up.estimated_ms is not None:
             chosen_ms = self.chosen.estimated_ms or self.chosen.compiled_ms()
@@ -143,7 +147,7 @@ class Plan:
             over_bytes = over.compiled_temp_bytes() - self.limit_bytes
             lines.append(f"faster but over the limit: {over.label}, {format_bytes(over_bytes)} over "
                          f"({100 * (over.compiled_ms() / self.chosen.compiled_ms() - 1):+.1f}% predicted time)")
-        return lines
+        return lines + note
 
     def to_dict(self) -> dict[str, Any]:
         return {"memory_budget": self.memory_budget, "limit_bytes": self.limit_bytes,

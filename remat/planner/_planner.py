@@ -9,7 +9,15 @@ from typing import Any
 from remat.analysis.machine import Rates, calibrate_once, calibrated, calibration_programs
 from remat.planner._candidate import PlanCandidate
 from remat.planner._costs import RegionCosts, start_region_costs
-from remat.planner._families import BUDGET_FRACTIONS, PLANNED_POLICIES, family_specs, name_groups, no_checkpoint_spec
+from remat.planner._families import (
+    BUDGET_FRACTIONS,
+    PLANNED_POLICIES,
+    family_specs,
+    name_groups,
+    no_checkpoint_spec,
+    offload_groups,
+    offload_note,
+)
 from remat.planner._fast import fast_search
 from remat.planner._footprint import footprint
 from remat.planner._mixed import mixed_spec, mixed_specs, uniform_costs
@@ -91,8 +99,8 @@ def plan(
     started = time.perf_counter()
     budget, limit_bytes = _checked_limit(memory_budget, memory_limit)
     surveyed, rates = _surveyed(step_fn, args, rates)
-    costing = _start_costing(step_fn, args, surveyed, [*policies, *name_groups(surveyed.names)], rates,
-                             exhaustive)
+    options = [*policies, *name_groups(surveyed.names), *offload_groups(surveyed.names)]
+    costing = _start_costing(step_fn, args, surveyed, options, rates, exhaustive)
     search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache,
                              early_reject and costing is None, lean=budget == 0, progress=progress, rates=rates)
     if budget is None:  # a device limit: the un-checkpointed step compiled first, for the limit's temp share
@@ -143,7 +151,7 @@ def _result(pool: list[PlanCandidate], none: PlanCandidate, surveyed: Survey, li
                 minimum_bytes=min(c.compiled_temp_bytes() for c in compiled), plan_s=plan_s,
                 compile_s=none.compile_s, memory_limit_bytes=limit_bytes,
                 device_bytes=on_device.device_bytes if chosen is not None else None,
-                footprint=on_device, region_paths=tuple(surveyed.paths))
+                footprint=on_device, region_paths=tuple(surveyed.paths), not_offloaded=offload_note(surveyed.names))
 
 
 def _checked_limit(budget: Any, limit: Any) -> tuple[float | None, int | None]:

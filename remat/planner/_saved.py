@@ -8,7 +8,7 @@ from typing import Any
 from remat.analysis.budget import ResidualBudget
 from remat.planner._candidate import PlanCandidate
 from remat.planner.steering import AS_WRITTEN, Binomial
-from remat.policies import NO_CHECKPOINT, policy_name, resolve_policy
+from remat.policies import NO_CHECKPOINT, offload_names, policy_name, resolve_policy
 
 #: The format this module writes and reads; a file of another is refused, not guessed at.
 FORMAT = "remat.plan/1"
@@ -70,6 +70,8 @@ def option(name: str) -> Any:
     Example:
       >>> option("names:attn_out,mlp_hidden")
       ('attn_out', 'mlp_hidden')
+      >>> option("offload:attn_out")
+      offload_names('attn_out')
     """
     if name == policy_name(NO_CHECKPOINT):
         return NO_CHECKPOINT
@@ -77,6 +79,8 @@ def option(name: str) -> Any:
         return AS_WRITTEN
     if name.startswith("names:"):
         return tuple(name[len("names:"):].split(","))
+    if name.startswith("offload:"):
+        return offload_names(*name[len("offload:"):].split(","))
     budget = _BUDGET.match(name)
     if budget is not None:
         return ResidualBudget(float(budget.group(1)))

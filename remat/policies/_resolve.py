@@ -8,7 +8,7 @@ from typing import Any, Union
 from jax import checkpoint_policies as _jcp
 
 from remat import _names
-from remat.policies._by_name import save_names
+from remat.policies._by_name import OffloadNames, offload_names, save_names
 
 Policy = Callable[..., Any]
 PolicySpec = Union[None, str, Sequence[str], Policy]
@@ -82,11 +82,14 @@ def policy_name(policy: PolicySpec) -> str:
     """A short human-readable name for a policy spelling (used in reports).
 
     Example:
-      >>> policy_name(None), policy_name(["a", "b"])
-      ('nothing', 'names:a,b')
+      >>> policy_name(None), policy_name(["a", "b"]), policy_name(offload_names("a"))
+      ('nothing', 'names:a,b', 'offload:a')
     """
     if policy is None or isinstance(policy, str):
         return policy or "nothing"
+    # the planner's offload option: names offloaded, none saved, device to pinned_host
+    if isinstance(policy, OffloadNames) and policy.names and policy == offload_names(*policy.names):
+        return "offload:" + ",".join(sorted(policy.names))
     for name, named in NAMED_POLICIES.items():
         if named is not None and policy is named:
             return name
