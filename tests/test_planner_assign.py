@@ -4,7 +4,7 @@ import random
 
 import jax.numpy as jnp
 import pytest
-from test_planner import WS, X, loss
+from programs import WS, X, loss
 
 from remat.planner import NONE, plan
 from remat.planner._assign import RegionOption, describe, fastest_within, peak, ranked_within

@@ -4,9 +4,9 @@ import json
 import jax.numpy as jnp
 import pytest
 
-# test_planner's four residual blocks, with a batch of 64 so that the blocks' hidden
+# test_planner's four residual blocks (tests/programs.py), with a batch of 64 so that the blocks' hidden
 # activations, not their weights, decide what fits
-from test_planner import WS, D, loss
+from programs import WS, D, loss
 
 import remat
 from remat.planner import plan, region_choices
