@@ -74,10 +74,14 @@ def test_nnx_stacks_many(pool, specs):
 # --- the suite's own machinery --------------------------------------------------------------
 
 def test_an_abort_or_a_hang_fails_only_its_case_with_a_reproducer():
-    pool = Pool(timeout_s=15)
+    def run(pool, action, timeout_s):
+        for worker in pool.workers:  # a started worker answers at once: the hang is cut short;
+            worker.timeout_s = timeout_s  # a fresh one is given the time to start
+        return pool.run([{"kind": "selftest", "dtype": "float32", "action": action}])
+
+    pool = Pool(per_dtype=1)
     try:
-        results = pool.run([{"kind": "selftest", "dtype": "float32", "action": action}
-                            for action in ("abort", "ok", "hang", "ok")])
+        results = [*run(pool, "abort", 60), *run(pool, "ok", 60), *run(pool, "hang", 3), *run(pool, "ok", 60)]
     finally:
         pool.close()
     kinds = [r["kind"] if not r["ok"] else "ok" for _, r in results]
