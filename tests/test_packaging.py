@@ -9,11 +9,11 @@ import os
 import subprocess
 import sys
 import sysconfig
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 # Folders installed under another name (pyproject.toml's [tool.setuptools.package-dir]).
