@@ -107,6 +107,9 @@ _PROBE = textwrap.dedent("""
 """)
 
 
+# it compares measured times (fault_s_per_byte is a timing): slow, never in the default run;
+# test_the_temp_buffer_is_no_longer_faulted_in_every_step counts the same faults, not their time
+@pytest.mark.slow
 def test_the_fault_probe_sees_fresh_maps_by_default_and_none_once_freed_memory_is_kept():
     runs = {}
     for mode in ("default", "keep"):

@@ -150,10 +150,13 @@ def test_lowering_under_vmap_and_higher_order_ad():
     assert jnp.allclose(hess, jnp.diag(2 * jnp.cos(x) - x * jnp.sin(x)), atol=1e-6)
 
 
-def test_remat_saves_memory_in_unrolled_models():
+# the tanh MLP in the default run, the GELU MLP slow (the transformer: the test below)
+@pytest.mark.parametrize("index", [pytest.param(1, id="gelu", marks=pytest.mark.slow), pytest.param(2, id="tanh")])
+def test_remat_saves_memory_in_unrolled_models(index):
     """docs/design.md's XLA:CPU table: per-block remat.checkpoint saves most of the temp memory."""
-    for row in xla_cpu.measure(xla_cpu.MODELS[1:]):
-        assert row["remat.checkpoint"] < 0.3 * row["no checkpoint"], row  # measured 0.17 and 0.28
+    model = xla_cpu.MODELS[index]
+    row = {w: model.temp_bytes(xla_cpu.WRAPS[w]) for w in ("no checkpoint", "remat.checkpoint")}
+    assert row["remat.checkpoint"] < 0.3 * row["no checkpoint"], row  # measured 0.17 and 0.28
 
 
 @pytest.mark.slow

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.ad_checkpoint import checkpoint_name
+from programs import mlp_factory as _mlp_factory
+from programs import mlp_params as _mlp_params
 
 from remat._core.checkpoint import rematerialized
 from remat._core.residuals import format_bytes
@@ -156,25 +158,30 @@ def test_time_programs_rounds_rotate_and_groups_alternate():
         time_programs(programs, rounds=1, groups=[[0, 1], [2]])
 
 
-def test_time_programs_averages_back_to_back_calls_up_to_the_minimum_sample():
-    import time
+def test_time_programs_averages_back_to_back_calls_up_to_the_minimum_sample(monkeypatch):
+    from types import SimpleNamespace
 
     from remat.analysis import time_programs
 
+    # a clock of our own, which each program moves on by its length: the sample sizing and the
+    # averaging are checked exactly, without a wall clock (lengths in powers of two: exact sums)
+    clock = [0.0]
+    timing = sys.modules[time_programs.__module__]
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     calls = []
 
-    def sleeper(i, seconds):
+    def program(i, seconds):
         def run():
             calls.append(i)
-            time.sleep(seconds)
+            clock[0] += seconds
         return run
 
-    t = time_programs([sleeper(0, 0.002), sleeper(1, 0.03)], rounds=2, warmup=1, min_sample_s=0.02)
-    # one warm-up call each, one call each to size the samples (sleeps overrun: at most 10
-    # calls of 2 ms make 20 ms), then two rounds of one sample each
-    timed = calls[4:]
-    assert timed.count(1) == 2 and timed.count(0) % 2 == 0 and 2 * 3 <= timed.count(0) <= 2 * 10
-    assert 0.002 <= t.medians_s()[0] < 0.004 and 0.03 <= t.medians_s()[1] < 0.04
+    t = time_programs([program(0, 2 ** -9), program(1, 2 ** -5)], rounds=2, warmup=1, min_sample_s=2 ** -6)
+    # one warm-up call each, one call each to size the samples (2 ** -6 s: 8 calls of program 0,
+    # one of program 1), then two rounds, the second in the rotated order
+    assert calls == [0, 1, 0, 1] + [0] * 8 + [1] + [1] + [0] * 8
+    assert t.samples_s == ((2 ** -9, 2 ** -9), (2 ** -5, 2 ** -5))
+    assert t.medians_s() == [2 ** -9, 2 ** -5]
 
 
 def test_paired_times_take_out_a_slow_spell_that_medians_keep():
@@ -274,30 +281,6 @@ def test_importing_memory_is_light():
     assert out.stdout.strip() == "[]"
 
 
-def _mlp_factory(policy):
-    # A factory: policy -> loss. Pre-LN MLP blocks, unrolled.
-    blk = rematerialized(_pre_ln_block, policy)
-
-    def loss(ps, x):
-        for p in ps:
-            x = blk(p, x)
-        return jnp.sum(x ** 2)
-
-    return loss
-
-
-def _pre_ln_block(p, x):
-    h = x - x.mean(-1, keepdims=True)
-    h = h / jnp.sqrt((h * h).mean(-1, keepdims=True) + 1e-5)
-    return x + jax.nn.gelu(h @ p["w1"]) @ p["w2"]
-
-
-def _mlp_params(depth, d=32, hidden=64):
-    keys = jax.random.split(jax.random.PRNGKey(0), 2 * depth)
-    return [{"w1": jax.random.normal(keys[2 * i], (d, hidden)) * 0.1,
-             "w2": jax.random.normal(keys[2 * i + 1], (hidden, d)) * 0.1} for i in range(depth)]
-
-
 def test_compare_policies_factory_and_keyword_forms(tmp_path):
     ps, x = _mlp_params(2), jnp.ones((8, 32))
     table = compare_policies(_mlp_factory, ps, x, policies=("no_checkpoint", "nothing", "dots"), steps=5)
@@ -340,7 +323,7 @@ def test_compiled_bytes_order_nothing_dots_none_after_import_remat():
         import remat
         import jax, jax.numpy as jnp
         from remat.analysis import compare_policies
-        from tests.test_memory import _mlp_factory, _mlp_params
+        from tests.programs import mlp_factory as _mlp_factory, mlp_params as _mlp_params
         t = compare_policies(_mlp_factory, _mlp_params(4, d=128, hidden=512), jnp.ones((256, 128)),
                              policies=("no_checkpoint", "nothing", "dots", "everything"), steps=5, warmup=1)
         print(t.to_json())

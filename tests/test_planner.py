@@ -3,28 +3,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from programs import WS, B, D, L, X, loss
 
 import remat
 from remat.analysis import saved_residuals
 from remat.planner import plan
 from remat.planner.steering import apply_policies, count_regions
 from remat.policies import NO_CHECKPOINT as NONE
-
-D, B, L = 32, 16, 4
-
-
-def block(w, x):
-    return x + jnp.tanh(jax.nn.gelu(x @ w[0]) @ w[1])
-
-
-def loss(ws, x):
-    for w in ws:
-        x = remat.checkpoint(block, w, x)
-    return (x**2).mean()
-
-
-WS = [jnp.stack([jnp.eye(D) * 0.3 + 0.01 * i] * 2) for i in range(L)]
-X = jnp.linspace(-1, 1, B * D).reshape(B, D)
 
 
 def test_count_regions_and_apply_policies_change_what_is_kept():

@@ -5,7 +5,7 @@ import random
 
 import jax.numpy as jnp
 import pytest
-from test_planner import WS, X, loss
+from programs import WS, X, loss
 
 from remat.analysis.machine import UNCALIBRATED, current_rates
 from remat.planner import plan
@@ -140,29 +140,33 @@ def test_recompute_cost_is_the_matmuls_the_backward_pass_recomputes_not_the_fuse
     assert costs.ms[0] == [0.0, 0.0]
 
 
-def test_the_default_search_fits_and_compiles_a_few_programs():
+# one budget in the default run, the two others slow
+@pytest.mark.parametrize("budget", [pytest.param(0.9, marks=pytest.mark.slow), 0.6,
+                                    pytest.param(0, marks=pytest.mark.slow)])
+def test_the_default_search_fits_and_compiles_a_few_programs(budget):
     x = jnp.linspace(-1, 1, 64 * X.shape[1]).reshape(64, X.shape[1])
-    for budget in (0.9, 0.6, 0):
-        p = plan(loss, WS, x, memory_budget=budget, measure=False)
-        assert p.feasible and p.chosen.temp_bytes <= p.limit_bytes
-        compiled = [c for c in p.candidates if c.compiled is not None]
-        assert 2 <= len(compiled) <= 6 < 4 ** len(WS)
-        assert p.chosen.estimated_temp_bytes is not None and p.chosen.estimated_ms is not None
-        # the uniform candidates are predicted (their regions' kept bytes), compiled only if picked
-        assert {"all: nothing", "all: dots"} <= {c.label for c in p.candidates}
-        # the confirming compiles were for memory alone; the plan's program runs fully compiled
-        confirmed = [c for c in compiled if c.label != "no checkpoint"]
-        assert confirmed and all(c.memory_only and c.lowering is not None for c in confirmed)
-        none = next(c for c in p.candidates if c.label == "no checkpoint")
-        assert not none.memory_only and none.executable() is none.compiled
-        step = p.chosen.executable()
-        assert step is not p.chosen.compiled
-        for got, want in zip(step(WS, x), p.chosen.compiled(WS, x)):
-            # the same HLO; LLVM's code generation may order float operations otherwise
-            assert jnp.allclose(got, want, rtol=1e-5, atol=1e-7)
+    p = plan(loss, WS, x, memory_budget=budget, measure=False)
+    assert p.feasible and p.chosen.temp_bytes <= p.limit_bytes
+    compiled = [c for c in p.candidates if c.compiled is not None]
+    assert 2 <= len(compiled) <= 6 < 4 ** len(WS)
+    assert p.chosen.estimated_temp_bytes is not None and p.chosen.estimated_ms is not None
+    # the uniform candidates are predicted (their regions' kept bytes), compiled only if picked
+    assert {"all: nothing", "all: dots"} <= {c.label for c in p.candidates}
+    # the confirming compiles were for memory alone; the plan's program runs fully compiled
+    confirmed = [c for c in compiled if c.label != "no checkpoint"]
+    assert confirmed and all(c.memory_only and c.lowering is not None for c in confirmed)
+    none = next(c for c in p.candidates if c.label == "no checkpoint")
+    assert not none.memory_only and none.executable() is none.compiled
+    step = p.chosen.executable()
+    assert step is not p.chosen.compiled
+    for got, want in zip(step(WS, x), p.chosen.compiled(WS, x)):
+        # the same HLO; LLVM's code generation may order float operations otherwise
+        assert jnp.allclose(got, want, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("model", ["mlp", "transformer", "cnn"])
+# the MLP in the default run; the transformer and the CNN (a dozen compiles each) are slow
+@pytest.mark.parametrize("model", ["mlp", pytest.param("transformer", marks=pytest.mark.slow),
+                                   pytest.param("cnn", marks=pytest.mark.slow)])
 def test_a_memory_only_compile_has_the_full_compiles_hlo_and_temp_bytes(model):
     # the planner confirms its picks with LLVM's optimizations off (MEMORY_ONLY): it relies
     # on XLA's HLO passes and buffer assignment being the same as a full compile's

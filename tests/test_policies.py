@@ -61,8 +61,14 @@ ALL_POLICIES = {
 }
 
 
-@pytest.mark.parametrize("name", list(ALL_POLICIES))
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+# jitted: every policy in the default run; eager (op by op): a few of each kind, the rest slow
+EAGER_FAST = {"None", "nothing", "dots", "names-list", "selective-fn"}
+
+
+@pytest.mark.parametrize("jit,name", [
+    pytest.param(jit, name, id=f"{'jit' if jit else 'eager'}-{name}",
+                 marks=() if jit or name in EAGER_FAST else pytest.mark.slow)
+    for jit in (False, True) for name in ALL_POLICIES])
 def test_every_policy_gives_plain_gradients(name, jit):
     g = jax.grad(ck_loss(ALL_POLICIES[name]), argnums=(0, 1))
     if jit:

@@ -117,7 +117,8 @@ def _jax_bf16_grads(name: str, settings: RematSettings, precision: str, exact: b
     return jax.tree.leaves(jax.jit(grads, compiler_options=options)(state, *xs))
 
 
-@pytest.mark.parametrize("name", ["mlp", "transformer"])
+# the MLP in the default run; the transformer (its mixed and excess-precision cases stay) is slow
+@pytest.mark.parametrize("name", ["mlp", pytest.param("transformer", marks=pytest.mark.slow)])
 def test_checkpointed_and_unchecked_bfloat16_runs_are_bitwise_equal(name):
     plain = _jax_bf16_grads(name, RematSettings.none(), "bfloat16")
     for settings in (RematSettings(), RematSettings(policy="dots")):
@@ -126,16 +127,18 @@ def test_checkpointed_and_unchecked_bfloat16_runs_are_bitwise_equal(name):
             assert a.dtype == b.dtype == jnp.bfloat16 and np.array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_checkpointed_and_plain_bfloat16_training_end_on_the_same_weights():
-    """3 AdamW steps of the transformer in bfloat16: every trained weight's error (and loss) identical."""
-    entry = MODELS["transformer"]
+# the MLP in the default run, the transformer slow
+@pytest.mark.parametrize("name,rows", [("mlp", 9), pytest.param("transformer", 30, marks=pytest.mark.slow)])
+def test_checkpointed_and_plain_bfloat16_training_end_on_the_same_weights(name, rows):
+    """3 AdamW steps in bfloat16: every trained weight's error (and loss) identical."""
+    entry = MODELS[name]
     errors = []
     for settings in (RematSettings.none(), RematSettings()):
         config = entry.make_config(settings)
         jm, tm, x = entry.factory(config, 0)
         report = compare_training(jm, tm, x, entry.example_targets(config, 0), steps=3, precision="bfloat16")
         errors.append([(r.name, r.err_jax) for r in report.rows])
-    assert errors[0] == errors[1] and len(errors[0]) == 30
+    assert errors[0] == errors[1] and len(errors[0]) == rows
 
 
 @pytest.mark.slow
@@ -226,7 +229,14 @@ def test_heavier_twins_pass_the_criterion(name, registry, precision):
     assert 1e-3 < r.distribution()["err_jax"]["median"] < 2e-2
 
 
-def test_precision_benchmark_rows():
+# float32 and bfloat16 in the default run; every precision (mixed too) slow
+@pytest.mark.parametrize("every", [pytest.param(False, id="float32-bfloat16"),
+                                   pytest.param(True, id="all", marks=pytest.mark.slow)])
+def test_precision_benchmark_rows(every, monkeypatch):
+    import benchmarks.precision
+
+    if not every:
+        monkeypatch.setattr(benchmarks.precision, "PRECISIONS", ("float32", "bfloat16"))
     from benchmarks.precision import PRECISIONS, measure, table
 
     sizes = {"vocab": 16, "depth": 1, "width": 16, "heads": 2, "seq_len": 8, "batch": 4}

@@ -7,7 +7,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.ad_checkpoint import checkpoint_name
+from programs import (
+    WIDE_X,
+    assert_scan_matches_unrolled,
+    assert_trees_close,
+    layer,
+    stacked,
+    wide_layer,
+    wide_params,
+)
+from programs import linen_block as _linen_block
+from programs import nnx_block as _nnx_block
+from programs import nnx_unrolled as _nnx_unrolled
 
 from remat.analysis import compiled_memory
 from remat.scan import (
@@ -33,33 +44,6 @@ NESTING = [
 ]
 
 
-def assert_trees_close(a, b, rtol=1e-5):
-    """Equal to float32 accuracy: ``rtol`` relative to each leaf's largest entry."""
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(la, lb, strict=True):
-        y = np.asarray(y)
-        scale = float(np.max(np.abs(y))) if y.size else 0.0
-        np.testing.assert_allclose(np.asarray(x), y, rtol=rtol, atol=rtol * scale + 1e-7)
-
-
-def layer(p, x):
-    pre = checkpoint_name(x @ p["w"] + p["b"], "pre")
-    return x + jnp.tanh(pre)
-
-
-def stacked(depth, d=8, seed=0):
-    kw, kb = jax.random.split(jax.random.PRNGKey(seed))
-    return {"w": jax.random.normal(kw, (depth, d, d)) * 0.5, "b": jax.random.normal(kb, (depth, d)) * 0.1}
-
-
-def unrolled(params, x):
-    depth = jax.tree.leaves(params)[0].shape[0]
-    for i in range(depth):
-        x = layer(jax.tree.map(lambda a, i=i: a[i], params), x)
-    return x
-
-
 # Each nesting once in the fast suite, with a different policy; the rest of the matrix is slow.
 FAST_PURE = {("flat", "None"), ("nested", "dots"), ("segments2", "names")}
 PURE_CASES = [
@@ -72,25 +56,6 @@ PURE_CASES = [
 @pytest.mark.parametrize("policy,nesting", PURE_CASES)
 def test_pure_gradients_equal_unrolled(policy, nesting):
     assert_scan_matches_unrolled(4, policy, nesting)
-
-
-@functools.lru_cache(maxsize=None)
-def _unrolled_value_and_grads(depth):
-    """The Python loop's value and gradients: the same for every policy and nesting."""
-    params, x = stacked(depth), jax.random.normal(jax.random.PRNGKey(1), (3, 8))
-    ref_loss = lambda p, x: jnp.sum(jnp.sin(unrolled(p, x)))  # noqa: E731
-    return jax.jit(jax.value_and_grad(ref_loss, (0, 1)))(params, x)
-
-
-def assert_scan_matches_unrolled(depth, policy, nesting):
-    """Value and gradients of scan_layers equal the Python loop's (also used by test_scan_schedules)."""
-    params, x = stacked(depth), jax.random.normal(jax.random.PRNGKey(1), (3, 8))
-    loss = lambda p, x: jnp.sum(jnp.sin(scan_layers(layer, p, x, policy=policy, **nesting)))  # noqa: E731
-    # One jit per side: eager scans would compile every piece separately (slow).
-    value, grads = jax.jit(jax.value_and_grad(loss, (0, 1)))(params, x)
-    ref_value, ref_grads = _unrolled_value_and_grads(depth)
-    np.testing.assert_allclose(value, ref_value, rtol=1e-5)
-    assert_trees_close(grads, ref_grads)
 
 
 def test_pytree_carry():
@@ -128,19 +93,6 @@ def test_bad_inputs_are_clear_value_errors():
 
 
 # ----------------------------------------------------------------------------- memory
-
-
-def wide_layer(p, x):
-    # Activations dominate: x is (2048, 64) = 512 KiB, weights 16 KiB.
-    return x + jnp.tanh(jnp.tanh(x @ p["w"]) @ p["v"])
-
-
-def wide_params(depth):
-    kw, kv = jax.random.split(jax.random.PRNGKey(0))
-    return {"w": jax.random.normal(kw, (depth, 64, 64)) * 0.1, "v": jax.random.normal(kv, (depth, 64, 64)) * 0.1}
-
-
-WIDE_X = jnp.ones((2048, 64))
 
 
 @functools.lru_cache(maxsize=None)  # several tests share the same compilations
@@ -197,29 +149,6 @@ def test_nested_program_size_flat_in_depth():
 # ----------------------------------------------------------------------------- Flax NNX
 
 
-def _nnx_block(rngs):
-    from flax import nnx
-
-    class Block(nnx.Module):
-        def __init__(self, rngs):
-            self.norm = nnx.LayerNorm(8, rngs=rngs)
-            self.lin = nnx.Linear(8, 8, rngs=rngs)
-
-        def __call__(self, x):
-            return x + jnp.tanh(self.lin(self.norm(x)))
-
-    return Block(rngs)
-
-
-def _nnx_unrolled(layers, x, depth):
-    from flax import nnx
-
-    graphdef, state = nnx.split(layers)
-    for i in range(depth):
-        x = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))(x)
-    return x
-
-
 # the flat scan fast (test_scan_schedules has the grouped ones), the other cases slow
 @pytest.mark.parametrize("policy,nesting", [
     pytest.param("nothing", {}, id="nothing-nesting0"),
@@ -268,19 +197,6 @@ def test_nnx_stack_rejects_bad_depth():
 
 
 # ----------------------------------------------------------------------------- Flax Linen
-
-
-def _linen_block():
-    import flax.linen as nn
-
-    class Block(nn.Module):
-        features: int = 8
-
-        @nn.compact
-        def __call__(self, x):
-            return x + jnp.tanh(nn.Dense(self.features)(nn.LayerNorm()(x)))
-
-    return Block
 
 
 # grouped fast (the flat scan: test_nnx_gradients_equal_unrolled); the other cases slow

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import assert_clean_error
-from test_scan import (
+from programs import (
     WIDE_X,
     assert_scan_matches_unrolled,
     assert_trees_close,
@@ -256,7 +256,7 @@ def test_binomial_memory_depth_32():
 
 
 def _nnx_block(rngs):
-    from test_scan import _nnx_block as block
+    from programs import nnx_block as block
 
     return block(rngs)
 
@@ -284,7 +284,7 @@ NNX_SCHEDULES = [((2, 1), 1), pytest.param((2, 1, 1), marks=pytest.mark.slow),
 @pytest.mark.parametrize("segments", NNX_SCHEDULES, ids=str)
 def test_nnx_schedule_gradients_equal_unrolled(segments):
     from flax import nnx
-    from test_scan import _nnx_unrolled
+    from programs import nnx_unrolled as _nnx_unrolled
 
     layers = stack_nnx_layers(_nnx_block, 4, nnx.Rngs(0))
     x = jax.random.normal(jax.random.PRNGKey(2), (3, 8))
@@ -332,7 +332,7 @@ def test_nnx_batch_stats_written_back_in_layer_order(segments):
 
 
 def test_linen_rejects_schedules_clearly():
-    from test_scan import _linen_block
+    from programs import linen_block as _linen_block
 
     model = LinenScanLayers(_linen_block(), depth=4, segments=(2, 1, 1))
     with pytest.raises(ValueError) as e:
