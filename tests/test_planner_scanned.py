@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 import remat
@@ -95,3 +96,28 @@ def test_default_search_plans_an_nnx_scan_over_an_nnx_vmap_stack():
     assert survey(step, state, x).regions == 1
     chosen = _assert_planned_by_default_search(step, state, x).chosen
     assert chosen is not None and len(chosen.policies) == 1
+
+
+@pytest.mark.slow
+def test_regions_inside_nested_scans_and_outside_are_planned_together():
+    def loss(params, x):
+        x = remat.checkpoint(_block, params["first"], x)
+
+        def outer(h, ws):
+            def body(h, w):
+                return remat.checkpoint(_block, w, h), None
+            return jax.lax.scan(body, h, ws)[0], None
+        h, _ = jax.lax.scan(outer, x, params["stack"])
+        return jnp.mean(remat.checkpoint(_block, params["last"], h) ** 2)
+
+    def weights(key, *lead):
+        k1, k2 = jax.random.split(key)
+        return {"w1": jax.random.normal(k1, (*lead, WIDTH, 4 * WIDTH)) / WIDTH ** 0.5,
+                "w2": jax.random.normal(k2, (*lead, 4 * WIDTH, WIDTH)) / (4 * WIDTH) ** 0.5}
+
+    keys = jax.random.split(jax.random.PRNGKey(2), 4)
+    params = {"first": weights(keys[0]), "stack": weights(keys[1], 3, 4), "last": weights(keys[2])}
+    x = jax.random.normal(keys[3], (BATCH, WIDTH))
+    costs = region_costs(loss, (params, x), 3, [NO_CHECKPOINT, "nothing"], rates=current_rates())
+    assert costs is not None and costs.trips == [1, 12, 1]  # the inner region runs 3 x 4 times
+    _assert_planned_by_default_search(loss, params, x)
