@@ -108,8 +108,8 @@ class RegionModel:
 
 def region_model(costs: RegionCosts, rates: Rates, none: PlanCandidate | None = None) -> RegionModel:
     """The per-region costs: each option's kept bytes and recompute time
-    (:func:`remat.planner._costs.region_costs`); a region's working set is what it keeps
-    un-checkpointed.
+    (:func:`remat.planner._costs.region_costs`), for all its runs (a region in a scanned
+    body, every trip); a region's working set is what one run of it keeps un-checkpointed.
 
     Args:
       costs: :func:`remat.planner._costs.region_costs`, ``NO_CHECKPOINT`` first.
