@@ -4,9 +4,10 @@ A pure-JAX decoder layer (RMS norm, causal attention, SwiGLU MLP, the attention 
 and the MLP hidden tagged with ``checkpoint_name``), checkpointed with
 ``remat.checkpoint`` inside the body of one ``lax.scan`` over its stacked weights.
 Prints one JSON line: ``plan_s`` (``remat.plan``'s default search, rates calibrated
-beforehand), ``jit_s`` (the median of three times to trace, lower and compile
-``jax.jit(jax.grad(step))`` alone, before and after the plan), the plan chosen, how many
-programs it compiled, and whether it fits.
+beforehand; with ``--no-measure`` the fitting candidates are not timed), ``jit_s`` (the
+median of three times to trace, lower and compile ``jax.jit(jax.grad(step))`` alone,
+before and after the plan), the plan chosen, how many programs it compiled, and whether
+it fits.
 """
 from __future__ import annotations
 
@@ -69,15 +70,16 @@ def jit_seconds(loss: Any, params: Any, ids: Any) -> float:
     return time.perf_counter() - started
 
 
-def measure(budget: float, **sizes: int) -> dict[str, Any]:
-    """The plan's and the jit's seconds, side by side in this process."""
+def measure(budget: float, timed: bool = True, **sizes: int) -> dict[str, Any]:
+    """The plan's and the jit's seconds, side by side in this process (``timed``: the
+    plan times its fitting candidates, ``remat.plan(measure=)``)."""
     from remat.analysis.machine import calibrate_once
 
     loss, params, ids = scanned_step(**sizes)
     calibrate_once()  # once per process: not a cost of planning this step
     jits = [jit_seconds(loss, params, ids)]
     started = time.perf_counter()
-    p = remat.plan(loss, params, ids, memory_budget=budget)
+    p = remat.plan(loss, params, ids, memory_budget=budget, measure=timed)
     plan_s = time.perf_counter() - started
     jits += [jit_seconds(loss, params, ids) for _ in range(2)]
     chosen = p.chosen
@@ -90,11 +92,13 @@ def measure(budget: float, **sizes: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scanned_plan", description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=0.5)
+    parser.add_argument("--no-measure", dest="timed", action="store_false",
+                        help="choose by predicted time: the fitting candidates are not timed")
     for name, default in (("depth", 32), ("width", 256), ("heads", 4), ("mlp", 688), ("vocab", 256),
                           ("batch", 4), ("seq", 128)):
         parser.add_argument(f"--{name}", type=int, default=default)
     args = vars(parser.parse_args(argv))
-    print(json.dumps(measure(args.pop("budget"), **args)))
+    print(json.dumps(measure(args.pop("budget"), args.pop("timed"), **args)))
     return 0
 
 
