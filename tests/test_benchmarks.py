@@ -366,3 +366,13 @@ def test_a_result_file_says_how_it_was_made(tmp_path, monkeypatch):
     copy = "<!-- result: docs/results/plans-quick.md -->\nold\n<!-- end result -->"
     assert results.readme_with_results(copy) == copy.replace(
         "old\n", results.body(results.RESULTS_DIR / "plans-quick.md"))
+
+
+def test_scanned_plan_tiny(capsys):
+    from benchmarks import scanned_plan
+
+    assert scanned_plan.main(["--depth", "3", "--width", "16", "--heads", "2", "--mlp", "32", "--vocab", "16",
+                              "--batch", "2", "--seq", "8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["regions"] == 1 and out["fits"] and out["compiled"] <= 4
+    assert out["plan_s"] > 0 and out["jit_s"] > 0

@@ -20,11 +20,18 @@ from remat.policies import is_no_checkpoint, resolve_policy
 class RegionCosts(NamedTuple):
     """Per region, per option: ``ms`` recomputing, ``kept`` bytes kept for the backward pass
     (what JAX keeps of the region for its backward pass: its activation inputs and the
-    values the option saves; not checkpointed, what its own backward needs)."""
+    values the option saves; not checkpointed, what its own backward needs); both for one
+    run of the region. ``trips``: per region, how many times one step runs it (a region in
+    the body of a ``lax.scan`` of length 32 runs 32 times, with one decision for all)."""
 
     ms: list[list[float]]
     kept: list[list[int]]
     options: list[Any]
+    trips: list[int] | None = None
+
+    def runs(self, i: int) -> int:
+        """How many times one step runs region ``i``."""
+        return 1 if self.trips is None else self.trips[i]
 
 
 def region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options: Sequence[Any], *,
@@ -52,8 +59,10 @@ def region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options: Sequ
       rates: the machine's rates (:func:`remat.analysis.machine.calibrate`).
 
     Returns:
-      The costs, ``[region][option]``, or None when the trace does not show the ``n``
-      regions as checkpoint equations outside any loop (a scan's body, say).
+      The costs, ``[region][option]``, for one run of each region (``trips``: how many
+      runs one step makes, a region in a ``lax.scan``'s body one per trip), or None when
+      the trace does not show the ``n`` regions as checkpoint equations outside any
+      ``while`` loop.
 
     Example:
       >>> region_costs(loss, (params, x), 4, [NO_CHECKPOINT, "nothing", "dots"], rates=rates).ms[0]  # doctest: +SKIP
@@ -76,10 +85,11 @@ def start_region_costs(step_fn: Callable[..., Any], args: tuple, n: int, options
         return None
     # identical blocks print alike: one trace per distinct body; XLA compiles each
     # distinct body's forward in the background, to show what its fusion saves
-    keys = [(str(body), computed) for computed, body in bodies]
-    distinct = dict(zip(keys, (body for _, body in bodies)))
+    keys = [(str(body), computed) for computed, body, _ in bodies]
+    distinct = dict(zip(keys, (body for _, body, _ in bodies)))
     fusing = {key: BACKGROUND.submit(_compiled_work, body) for key, body in distinct.items()}
-    return lambda: _priced(keys, distinct, fusing, list(options), rates)
+    trips = [t for _, _, t in bodies]
+    return lambda: _priced(keys, distinct, fusing, list(options), rates)._replace(trips=trips)
 
 
 Key = tuple[str, tuple[bool, ...]]  # a region body, printed, and which of its inputs the step computed
@@ -175,20 +185,45 @@ def _cotangent(out: Any) -> Any:
     return np.zeros(out.shape, dtype=jax.dtypes.float0)
 
 
-def _region_bodies(jaxpr: Any) -> Iterator[tuple[tuple[bool, ...], Any]]:
-    """``(computed, body)`` of every checkpoint equation, in order, looking through jits
-    and calls but not into loops (a region in a loop body runs many times) or into the
-    regions. ``body`` is a closed jaxpr; ``computed`` says, per input, whether the step
-    computed it (an activation), not took it as an argument (parameters, data)."""
+def _region_bodies(jaxpr: Any, computed: frozenset[Any] = frozenset(),
+                   trips: int = 1) -> Iterator[tuple[tuple[bool, ...], Any, int]]:
+    """``(computed, body, trips)`` of every checkpoint equation, in order, looking through
+    jits, calls and the bodies of ``lax.scan`` (a region there runs once per trip: ``trips``
+    is the product of the lengths of the scans around it), but not into ``while`` loops
+    (their trip count is not known) or into the regions. ``body`` is a closed jaxpr;
+    ``computed`` says, per input, whether the step computed it (an activation), not took
+    it as an argument (parameters, data).
+
+    Args:
+      jaxpr: the jaxpr walked.
+      computed: its input variables that hold activations (a scan body's carry, say).
+      trips: how many times one step runs ``jaxpr``.
+    """
     remat_p = xb.checkpoint_primitive()
-    produced = {v for e in jaxpr.eqns for v in e.outvars}
+    produced = set(computed) | {v for e in jaxpr.eqns for v in e.outvars}
     for eqn in jaxpr.eqns:
         if eqn.primitive is remat_p:
             body = eqn.params["jaxpr"]
-            yield tuple(not xb.is_literal(v) and v in produced for v in eqn.invars), xb.closed_jaxpr(body)
-        elif eqn.primitive.name not in ("scan", "while"):
+            yield (tuple(not xb.is_literal(v) and v in produced for v in eqn.invars), xb.closed_jaxpr(body),
+                   trips)
+        elif eqn.primitive.name == "scan":
+            body = eqn.params["jaxpr"].jaxpr
+            yield from _region_bodies(body, _scan_computed(eqn, body, produced), trips * eqn.params["length"])
+        elif eqn.primitive.name != "while":
             for sub in xb.eqn_subjaxprs(eqn):
-                yield from _region_bodies(getattr(sub, "jaxpr", sub))
+                yield from _region_bodies(getattr(sub, "jaxpr", sub), trips=trips)
+
+
+def _scan_computed(eqn: Any, body: Any, produced: set[Any]) -> frozenset[Any]:
+    """The inputs of a scan's ``body`` that hold activations: the carry (each trip computes
+    the next), and the constants and scanned-over operands the step computed (a stack of
+    layer weights that is an argument is not one)."""
+    consts, carry = eqn.params["num_consts"], eqn.params["num_carry"]
+    out = set()
+    for i, (inner, outer) in enumerate(zip(body.invars, eqn.invars)):
+        if consts <= i < consts + carry or (not xb.is_literal(outer) and outer in produced):
+            out.add(inner)
+    return frozenset(out)
 
 
 def _leaf_eqns(jaxpr: Any) -> Iterator[Any]:

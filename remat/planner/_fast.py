@@ -108,8 +108,8 @@ class RegionModel:
 
 def region_model(costs: RegionCosts, rates: Rates, none: PlanCandidate | None = None) -> RegionModel:
     """The per-region costs: each option's kept bytes and recompute time
-    (:func:`remat.planner._costs.region_costs`); a region's working set is what it keeps
-    un-checkpointed.
+    (:func:`remat.planner._costs.region_costs`), for all its runs (a region in a scanned
+    body, every trip); a region's working set is what one run of it keeps un-checkpointed.
 
     Args:
       costs: :func:`remat.planner._costs.region_costs`, ``NO_CHECKPOINT`` first.
@@ -124,9 +124,12 @@ def region_model(costs: RegionCosts, rates: Rates, none: PlanCandidate | None = 
     n = len(costs.ms)
     # each region's share of the step's own time (its page faults are each assignment's own)
     base = ((none.predicted_ms or 0.0) - fault_ms(none.compiled_temp_bytes(), rates)) / n if none is not None else 0.0
-    options = tuple(tuple(RegionOption(float(k), base + t) for t, k in zip(ms, kept))
-                    for ms, kept in zip(costs.ms, costs.kept))
-    working = tuple(o[0].kept for o in options)
+    # a region in a scanned body runs once per trip, one option for all: the stacked
+    # residuals of every trip are kept, and every trip recomputes; while its last trip
+    # runs, one trip's working set is live beside them
+    options = tuple(tuple(RegionOption(float(k * costs.runs(i)), base + t * costs.runs(i)) for t, k in zip(ms, kept))
+                    for i, (ms, kept) in enumerate(zip(costs.ms, costs.kept)))
+    working = tuple(float(kept[0]) for kept in costs.kept)
     model = RegionModel(tuple(costs.options), options, working, 1.0, rates=rates)
     if none is None:
         return model
@@ -208,7 +211,8 @@ def fast_search(search: CandidateSearch, survey: Survey, budget: float, costs: R
     guess = region_model(costs, search.rates)
     unchecked = search.cache[no_checkpoint_spec(survey).label]
     if unchecked.residual_bytes is None:  # staged untraced: what its regions keep
-        search.cache[unchecked.label] = dataclasses.replace(unchecked, residual_bytes=int(sum(guess.working)))
+        kept = sum(o[0].kept for o in guess.options)
+        search.cache[unchecked.label] = dataclasses.replace(unchecked, residual_bytes=int(kept))
     state = FastSearch(search, costs, budget, guess, _bound(guess, budget))
     fastest = _first_picks(state, second_opinion)
     none = _scaled(state, waiting())

@@ -75,8 +75,9 @@ def plan(
       progress: called with one line (candidates compiled out of those weighed, the best
         plan so far) after each batch of compiles; e.g. ``print`` to stderr.
       exhaustive: compile every candidate of the families (``remat plan --exhaustive``).
-        The default, for a step whose regions are all there is to decide (no scan over
-        layers, no ``checkpoint_sequential``), traces each of ``policies`` (and the
+        The default, for a step whose regions are all there is to decide (no
+        ``remat.scan_layers``, no ``checkpoint_sequential``; a region in a ``lax.scan``'s
+        body is one decision for all its trips), traces each of ``policies`` (and the
         step's ``checkpoint_name`` tags) once on every region, solves for the fastest
         per-region assignment predicted to fit, and compiles only that one to confirm
         (and a few more where it misses, or where the compiled temp bytes show room for
@@ -189,9 +190,10 @@ def _start_costing(step_fn: Callable[..., Any], args: tuple, surveyed: Survey, o
                    exhaustive: bool) -> Callable[[], RegionCosts] | None:
     """The regions' costs, started (:func:`remat.planner._costs.start_region_costs`), where
     the default search applies: not ``exhaustive``, and regions are all there is to decide
-    (no scan over layers, no ``checkpoint_sequential``); None where it does not. The
+    (no ``remat.scan_layers``, no ``checkpoint_sequential``); None where it does not. The
     regions' bodies compile in the background (a fraction of the step each) while the
-    un-checkpointed step (the budget's yardstick) lowers."""
+    un-checkpointed step (the budget's yardstick) lowers. A region in the body of a
+    ``lax.scan`` is costed once per trip (:class:`remat.planner._costs.RegionCosts`)."""
     if exhaustive or surveyed.regions == 0 or surveyed.scan_depths or surveyed.sequential_lengths:
         return None
     return start_region_costs(step_fn, args, surveyed.regions, [NO_CHECKPOINT, *options], rates=rates,

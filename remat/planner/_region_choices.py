@@ -17,7 +17,8 @@ def region_choices(plan: Plan, step_fn: Callable[..., Any], *args: Any) -> list[
     """Per region of ``plan.chosen``: its policy, and the residual bytes it adds to full rematerialization.
 
     ``predicted_bytes`` is the cost model's figure: what the region's body keeps under its
-    policy above what it keeps under ``"nothing"`` (:func:`remat.planner._costs.region_costs`,
+    policy above what it keeps under ``"nothing"``, times the runs one step makes of it (a
+    region in a scanned body, once per trip) (:func:`remat.planner._costs.region_costs`,
     the default search's per-region kept bytes). ``measured_bytes`` is one trace of the
     whole step with this region as planned and every other region fully rematerialized
     (policy ``"nothing"``), less the all-``"nothing"`` trace: the region's own kept
@@ -50,7 +51,7 @@ def region_choices(plan: Plan, step_fn: Callable[..., Any], *args: Any) -> list[
         label = policy_name(spec)
         alone = ("nothing",) * i + (spec,) + ("nothing",) * (n - i - 1)
         measured = saved_residuals(apply_policies(step_fn, alone), *args).residual_bytes - base
-        predicted = (costs.kept[i][column[label]] - costs.kept[i][0]
+        predicted = ((costs.kept[i][column[label]] - costs.kept[i][0]) * costs.runs(i)
                      if costs is not None and label in column else None)
         path = paths[i] if i < len(paths) else None
         out.append({"index": i, "path": ".".join(map(str, path)) if path is not None else None, "policy": label,
