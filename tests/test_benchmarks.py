@@ -368,6 +368,7 @@ def test_a_result_file_says_how_it_was_made(tmp_path, monkeypatch):
         "old\n", results.body(results.RESULTS_DIR / "plans-quick.md"))
 
 
+@pytest.mark.slow  # tests/test_planner_scanned.py plans scanned steps in the default run
 def test_scanned_plan_tiny(capsys):
     from benchmarks import scanned_plan
 

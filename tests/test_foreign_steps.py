@@ -8,6 +8,7 @@ import pytest
 from benchmarks.foreign_steps import STEPS
 
 
+@pytest.mark.slow  # the oracle benchmark's steps; the planner's own tests cover the same calls fast
 @pytest.mark.parametrize("name", sorted(STEPS))
 def test_each_step_has_four_regions_whose_checkpoints_keep_gradients_and_save_memory(name):
     from remat.planner.programs import lower_step

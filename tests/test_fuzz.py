@@ -44,8 +44,8 @@ def _batches(strategy: st.SearchStrategy, size: int) -> st.SearchStrategy:
     return st.lists(strategy, min_size=size, max_size=size)
 
 
-# three batches of 5 (the first is Hypothesis's simplest program five times); the many are slow
-@_settings(batches=3)
+# two batches of 5 (the first is Hypothesis's simplest program five times); the many are slow
+@_settings(batches=2)
 @given(specs=_batches(function_cases(), 5))
 def test_function_programs(pool, specs):
     _check(pool, specs)

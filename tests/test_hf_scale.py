@@ -13,6 +13,7 @@ from benchmarks import hf_scale  # noqa: E402
 TINY = hf_scale.Shape(seq_len=8, batch_size=2, rounds=1, steps=2)
 
 
+@pytest.mark.slow  # a fresh process per variant; the error row below runs the same worker path fast
 @pytest.mark.parametrize("framework,variant", [("torch", "hf_checkpoint"), ("remat", "nothing_chunked_ce")])
 def test_a_worker_measures_a_row(framework, variant):
     row = hf_scale.run_worker(framework, variant, "float32", "tiny", TINY)
