@@ -33,7 +33,12 @@ def loss(ws, x):
 
 
 WS = [jnp.stack([jnp.eye(D) * 0.3 + 0.01 * i] * 2) for i in range(L)]
-X = jnp.linspace(-1, 1, B * D).reshape(B, D)
+def batch_of(rows: int) -> jax.Array:
+    """The blocks' input with ``rows`` rows (``X`` has ``B``)."""
+    return jnp.linspace(-1, 1, rows * D).reshape(rows, D)
+
+
+X = batch_of(B)
 
 
 # --- remat.scan: stacked layers against the unrolled loop (test_scan, test_scan_schedules) ---

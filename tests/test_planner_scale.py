@@ -3,32 +3,20 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from programs import WS, batch_of, loss
 
 import remat
 from remat.analysis.compiled import CompiledMemory
 from remat.planner import Plan, plan
 from remat.planner._units import parse_bytes
 
-D, B, L = 32, 64, 4
-
-
-def block(w, x):
-    return x + jnp.tanh(jax.nn.gelu(x @ w[0]) @ w[1])
-
-
-def loss(ws, x):
-    for w in ws:
-        x = remat.checkpoint(block, w, x)
-    return (x**2).mean()
-
-
-WS = [jnp.stack([jnp.eye(D) * 0.3 + 0.01 * i] * 2) for i in range(L)]
-X = jnp.linspace(-1, 1, B * D).reshape(B, D)
+# the planner's four blocks (tests/programs.py) on a batch of 64 rows, where byte limits have room
+X = batch_of(64)
 
 
 def compiled_device_bytes(step, *args):
@@ -156,17 +144,12 @@ def test_a_saved_plan_applies_in_a_new_process_with_bitwise_equal_gradients(tmp_
     want = jax.jit(jax.grad(p.apply(loss)))(WS, X)
     np.save(tmp_path / "want.npy", np.concatenate([np.ravel(a) for a in jax.tree.leaves(want)]))
     script = textwrap.dedent(f"""
-        import jax, jax.numpy as jnp, numpy as np, remat
+        import sys
+        import jax, numpy as np
         from remat.planner import Plan
-        D, B, L = {D}, {B}, {L}
-        def block(w, x):
-            return x + jnp.tanh(jax.nn.gelu(x @ w[0]) @ w[1])
-        def loss(ws, x):
-            for w in ws:
-                x = remat.checkpoint(block, w, x)
-            return (x**2).mean()
-        WS = [jnp.stack([jnp.eye(D) * 0.3 + 0.01 * i] * 2) for i in range(L)]
-        X = jnp.linspace(-1, 1, B * D).reshape(B, D)
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from programs import WS, batch_of, loss
+        X = batch_of(64)
         plan = Plan.load({str(tmp_path / "plan.json")!r})
         got = jax.jit(jax.grad(plan.apply(loss)))(WS, X)
         np.save({str(tmp_path / "got.npy")!r}, np.concatenate([np.ravel(a) for a in jax.tree.leaves(got)]))
