@@ -41,6 +41,18 @@ def batch_of(rows: int) -> jax.Array:
 X = batch_of(B)
 
 
+def tagged_block(w, x):
+    """:func:`block` with its two matmul outputs tagged ``"hidden"`` and ``"out"``."""
+    h = remat.checkpoint_name(jax.nn.gelu(x @ w[0]), "hidden")
+    return x + jnp.tanh(remat.checkpoint_name(h @ w[1], "out"))
+
+
+def tagged_loss(ws, x):
+    for w in ws:
+        x = remat.checkpoint(tagged_block, w, x)
+    return (x**2).mean()
+
+
 # --- remat.scan: stacked layers against the unrolled loop (test_scan, test_scan_schedules) ---
 
 def assert_trees_close(a, b, rtol=1e-5):

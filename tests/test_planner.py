@@ -3,7 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from programs import WS, B, D, L, X, loss
+from programs import WS, B, D, L, X, loss, tagged_loss
 
 import remat
 from remat.analysis import saved_residuals
@@ -137,17 +137,6 @@ def test_plan_chooses_the_scan_policy_and_segment_length():
     for a, b in zip(jax.tree.leaves(jax.grad(nested)(params, x)), jax.tree.leaves(g0)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
     assert p.to_dict()["chosen"]["scan"]["policy"] in ("nothing", "dots_no_batch", "dots")
-
-
-def tagged_block(w, x):
-    h = remat.checkpoint_name(jax.nn.gelu(x @ w[0]), "hidden")
-    return x + jnp.tanh(remat.checkpoint_name(h @ w[1], "out"))
-
-
-def tagged_loss(ws, x):
-    for w in ws:
-        x = remat.checkpoint(tagged_block, w, x)
-    return (x**2).mean()
 
 
 @pytest.mark.slow
