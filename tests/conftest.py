@@ -16,12 +16,23 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-import jax
-import numpy as np
-import pytest
+# The tests draw their random numbers with XLA's RngBitGenerator ("rbg") unless
+# JAX_DEFAULT_PRNG_IMPL says otherwise: threefry, JAX's default, is a hash that compiles to a
+# large program for every distinct shape it draws, and initialising the tests' many small
+# models spent more time compiling threefry than checking remat. remat never depends on the
+# generator; CI runs the slow cases and a second fast run under threefry (.ci/run). Set before jax is imported, so
+# that the child processes the tests start (CLI runs, fuzz workers, isolated tests) inherit it.
+os.environ.setdefault("JAX_DEFAULT_PRNG_IMPL", "rbg")
 
-import remat  # noqa: F401  (every test, the upstream ports included, runs with remat imported)
-from remat.analysis import saved_residuals
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import remat  # noqa: F401, E402  (every test, the upstream ports included, runs with remat imported)
+from remat.analysis import saved_residuals  # noqa: E402
+
+# in case a plugin imported jax before this file ran
+jax.config.update("jax_default_prng_impl", os.environ["JAX_DEFAULT_PRNG_IMPL"])
 
 REMAT_PRIMITIVES = ("checkpoint", "remat", "remat2")
 REMAT_DIR = os.path.dirname(os.path.abspath(remat.__file__))
