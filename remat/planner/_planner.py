@@ -104,6 +104,7 @@ def plan(
     costing = _start_costing(step_fn, args, surveyed, options, rates, exhaustive)
     search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache,
                              early_reject and costing is None, lean=budget == 0, progress=progress, rates=rates)
+    search.foreign = surveyed.foreign
     if budget is None:  # a device limit: the un-checkpointed step compiled first, for the limit's temp share
         assert limit_bytes is not None  # _checked_limit admits exactly one
         budget = _budget_within(search, surveyed, limit_bytes)
@@ -152,7 +153,8 @@ def _result(pool: list[PlanCandidate], none: PlanCandidate, surveyed: Survey, li
                 minimum_bytes=min(c.compiled_temp_bytes() for c in compiled), plan_s=plan_s,
                 compile_s=none.compile_s, memory_limit_bytes=limit_bytes,
                 device_bytes=on_device.device_bytes if chosen is not None else None,
-                footprint=on_device, region_paths=tuple(surveyed.paths), not_offloaded=offload_note(surveyed.names))
+                footprint=on_device, region_paths=tuple(surveyed.paths), not_offloaded=offload_note(surveyed.names),
+                foreign_regions=surveyed.foreign)
 
 
 def _checked_limit(budget: Any, limit: Any) -> tuple[float | None, int | None]:
