@@ -19,6 +19,7 @@ import remat
 from remat._jax import remat3_setting
 from remat.analysis import saved_residuals
 from remat.analysis.compiled import CompiledMemory
+from remat.planner import region_choices
 from remat.planner.steering import PlanMismatch, apply_policies, survey
 from remat.policies import NO_CHECKPOINT
 
@@ -206,7 +207,7 @@ def test_foreign_regions_take_their_place_among_remat_regions():
     _assert_equal_grads(jax.jit(jax.grad(planned))(params, x), jax.jit(jax.grad(step))(params, x))
 
 
-def test_a_saved_plan_names_foreign_regions_and_refuses_another_step(tmp_path):
+def test_a_saved_plan_names_foreign_regions_refuses_another_step_and_reports_bytes(tmp_path):
     step, params, x = _mixed_step()
     p = remat.plan(step, params, x, memory_budget=0.9, measure=False)
     assert p.chosen is not None and p.foreign_regions == (1,)
@@ -238,3 +239,21 @@ def test_a_saved_plan_names_foreign_regions_and_refuses_another_step(tmp_path):
         with pytest.raises(PlanMismatch) as e:
             jax.grad(loaded.apply(other))(params, x)
         assert says in str(e.value) and "\n" not in str(e.value)
+
+    # a plan whose options are known (the saved one, edited): each region's bytes, the
+    # foreign one's too
+    edited = json.loads((tmp_path / "plan.json").read_text())
+    for region, option in zip(edited["regions"], ["nothing", "no_checkpoint", "nothing"]):
+        region["option"] = option
+    (tmp_path / "plan.json").write_text(json.dumps(edited))
+    chosen = remat.Plan.load(tmp_path / "plan.json")
+
+    regions = region_choices(chosen, step, params, x)
+    assert [r["path"] for r in regions] == [None, "jax.checkpoint(_wide_block) with 3 inputs", None]
+    assert [r["policy"] for r in regions] == ["nothing", "no_checkpoint", "nothing"]
+    assert regions[0]["measured_bytes"] == regions[2]["measured_bytes"] == 0
+    # the wide block un-checkpointed keeps at least its hidden activation, 8 widths a row;
+    # the model's figure is its body's own residuals, within a boundary value
+    wide = regions[1]
+    assert wide["measured_bytes"] >= BATCH * 8 * WIDTH * 4
+    assert abs(wide["predicted_bytes"] - wide["measured_bytes"]) <= BATCH * WIDTH * 4
