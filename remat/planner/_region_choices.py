@@ -57,7 +57,7 @@ def region_choices(plan: Plan, step_fn: Callable[..., Any], *args: Any) -> list[
         predicted = ((costs.kept[i][column[label]] - costs.kept[i][0]) * costs.runs(i)
                      if costs is not None and label in column else None)
         path = paths[i] if i < len(paths) else None
-        text = path_text(path) if i in foreign else ".".join(map(str, path)) if path is not None else None
+        text = None if path is None else path_text(path) if i in foreign else ".".join(map(str, path))
         out.append({"index": i, "path": text, "policy": label,
                     "predicted_bytes": None if predicted is None else int(predicted), "measured_bytes": measured})
     return out
