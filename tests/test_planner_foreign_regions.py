@@ -233,9 +233,17 @@ def test_a_saved_plan_names_foreign_regions_refuses_another_step_and_reports_byt
         x = _wide_block(params[1], x)
         return jnp.mean(remat.checkpoint(_block, params[2], x) ** 2)
 
+    def shorter(params, x):  # the last block is not checkpointed
+        x = remat.checkpoint(_block, params[0], x)
+        x = jax.checkpoint(_wide_block)(params[1], x)
+        return jnp.mean(_block(params[2], x) ** 2)
+
+    # the errors number the regions among all the step's, foreign and remat's own alike
     for other, says in [(renamed, "region 1 is jax.checkpoint(_block) with 3 inputs here, "
                                   "jax.checkpoint(_wide_block) with 3 inputs in the plan"),
-                        (without, "region 1 (jax.checkpoint(_wide_block) with 3 inputs) is missing")]:
+                        (without, "region 1 (jax.checkpoint(_wide_block) with 3 inputs) is missing"),
+                        (shorter, "it has 2 remat.checkpoint regions, the step 1; region 2 (a region "
+                                  "written by hand) is missing")]:
         with pytest.raises(PlanMismatch) as e:
             jax.grad(loaded.apply(other))(params, x)
         assert says in str(e.value) and "\n" not in str(e.value)

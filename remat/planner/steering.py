@@ -25,12 +25,15 @@ class PlanMismatch(ValueError):
 
 @contextlib.contextmanager
 def _region_policies(policies: Sequence[Any], beyond: Any = AS_WRITTEN, paths: list[Any] | None = None,
-                     expected: Sequence[Any] | None = None) -> Iterator[list[int]]:
+                     expected: Sequence[Any] | None = None, positions: Sequence[int] = ()) -> Iterator[list[int]]:
     """Makes the i-th checkpointed region traced in this context use ``policies[i]`` (past
     their end, ``beyond``); appends each region's module path to ``paths``; with
     ``expected`` (the paths a saved plan was made for), a region whose path differs is a
-    one-line ValueError, raised while tracing, before the region is applied."""
+    one-line ValueError, raised while tracing, before the region is applied. In a step
+    with foreign regions too, ``positions`` are the remat regions' places among all, which
+    the errors name."""
     seen = [0]
+    at = _Positions(positions)
 
     def override(opts: CheckpointOptions) -> CheckpointOptions | None:
         i = seen[0]
@@ -39,7 +42,7 @@ def _region_policies(policies: Sequence[Any], beyond: Any = AS_WRITTEN, paths: l
         if paths is not None:
             paths.append(path)
         if expected is not None:
-            _check_region(i, path, expected)
+            _check_region(i, path, expected, at)
         spec = policies[i] if i < len(policies) else beyond
         if spec == AS_WRITTEN:
             return opts
@@ -50,17 +53,32 @@ def _region_policies(policies: Sequence[Any], beyond: Any = AS_WRITTEN, paths: l
     with hooks.deciding(region=override):
         yield seen
     if expected is not None and seen[0] < len(expected):
-        raise PlanMismatch(f"the plan does not match this step: it has {len(expected)} regions, the step "
-                         f"{seen[0]}; region {seen[0]} ({_path_text(expected[seen[0]])}) is missing")
+        raise PlanMismatch(f"the plan does not match this step: it has {len(expected)} {at.kind}, the step "
+                         f"{seen[0]}; region {at(seen[0])} ({_path_text(expected[seen[0]])}) is missing")
 
 
-def _check_region(i: int, path: Any, expected: Sequence[Any]) -> None:
+@dataclasses.dataclass(frozen=True)
+class _Positions:
+    """The place among all the step's regions of its i-th ``remat.checkpoint`` region (all of
+    them, where ``positions`` is empty: a step without foreign regions)."""
+
+    positions: Sequence[int]
+
+    def __call__(self, i: int) -> int:
+        return self.positions[i] if i < len(self.positions) else i
+
+    @property
+    def kind(self) -> str:
+        return "remat.checkpoint regions" if self.positions else "regions"
+
+
+def _check_region(i: int, path: Any, expected: Sequence[Any], at: _Positions) -> None:
     """A ValueError naming region ``i`` where its ``path`` is not the plan's."""
     if i >= len(expected):
-        raise PlanMismatch(f"the plan does not match this step: it has {len(expected)} regions, and the step "
-                         f"reaches region {i} ({_path_text(path)}) beyond them")
+        raise PlanMismatch(f"the plan does not match this step: it has {len(expected)} {at.kind}, and the step "
+                         f"reaches region {at(i)} ({_path_text(path)}) beyond them")
     if path != expected[i]:
-        raise PlanMismatch(f"the plan does not match this step: region {i} is {_path_text(path)} here, "
+        raise PlanMismatch(f"the plan does not match this step: region {at(i)} is {_path_text(path)} here, "
                          f"{_path_text(expected[i])} in the plan")
 
 
@@ -172,15 +190,15 @@ def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
     own = [i for i in range(max(len(policies), len(paths or ()))) if i not in set(theirs)]
     own_policies = tuple(policies[i] for i in own if i < len(policies))
     own_paths = None if paths is None else [paths[i] for i in own if i < len(paths)]
+    their_policies = [policies[i] if i < len(policies) else AS_WRITTEN for i in theirs]
+    their_paths = None if paths is None else [paths[i] for i in theirs]
 
     def planned(*args: Any, **kwargs: Any) -> Any:
-        with _region_policies(own_policies, expected=own_paths), _scan_choice(scan), \
-                _sequential_choice(sequential):
+        with _region_policies(own_policies, expected=own_paths, positions=own if theirs else ()), \
+                _scan_choice(scan), _sequential_choice(sequential):
             if not theirs:
                 return step_fn(*args, **kwargs)
-            return _foreign_policies(step_fn, args, kwargs, [policies[i] if i < len(policies) else AS_WRITTEN
-                                                             for i in theirs],
-                                     theirs, None if paths is None else [paths[i] for i in theirs])
+            return _foreign_policies(step_fn, args, kwargs, their_policies, theirs, their_paths)
 
     planned.__name__ = getattr(step_fn, "__name__", "step")
     if whole_step:
