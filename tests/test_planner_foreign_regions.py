@@ -134,6 +134,7 @@ def _planned_by_default_search(name):
     make, regions, writer, budget = STEPS[name]
     step, params, x = make()
     traced_before = str(jax.make_jaxpr(step)(params, x))
+    lowered_before = jax.jit(jax.grad(step)).lower(params, x).as_text()
     surveyed = survey(step, params, x)
     assert surveyed.regions == regions and surveyed.foreign == tuple(range(regions))
     assert {path[0] for path in surveyed.paths} == {writer}
@@ -152,13 +153,30 @@ def _planned_by_default_search(name):
     # the plan's memory is real: the planned step compiles to the chosen candidate's temp bytes
     compiled = planned.lower(params, x).compile()
     assert CompiledMemory.from_compiled(compiled).temp_bytes == p.chosen.temp_bytes
-    # nothing leaked: the step traced outside the plan is the step as written
+    # nothing leaked: the step traced and lowered outside the plan is the step as written
     assert str(jax.make_jaxpr(step)(params, x)) == traced_before
+    assert jax.jit(jax.grad(step)).lower(params, x).as_text() == lowered_before
 
 
 @pytest.mark.parametrize("name", list(STEPS))
 def test_the_default_search_plans_foreign_regions(name):
     _planned_by_default_search(name)
+
+
+def test_a_foreign_region_is_planned_as_its_remat_checkpoint_twin():
+    step, params, x = _lax_step()
+
+    def twin(params, x):  # the same step, its body checkpointed with remat.checkpoint
+        def body(h, w):
+            return remat.checkpoint(_block, w, h, policy="dots"), None
+        h, _ = jax.lax.scan(body, x, params)
+        return jnp.mean(h ** 2)
+
+    plans = [remat.plan(f, params, x, memory_budget=0.5, measure=False) for f in (step, twin)]
+    compiled = [{(c.label, c.temp_bytes) for c in p.candidates if c.compiled is not None} for p in plans]
+    assert compiled[0] == compiled[1]
+    assert plans[0].chosen is not None and plans[1].chosen is not None
+    assert plans[0].chosen.label == plans[1].chosen.label
 
 
 # jax_remat3 makes jax.checkpoint emit another construct (a RematTraced call), which the
