@@ -283,3 +283,17 @@ def test_a_saved_plan_names_foreign_regions_refuses_another_step_and_reports_byt
     wide = regions[1]
     assert wide["measured_bytes"] >= BATCH * 8 * WIDTH * 4
     assert abs(wide["predicted_bytes"] - wide["measured_bytes"]) <= BATCH * WIDTH * 4
+
+
+def test_foreign_regions_are_left_as_written_where_remat_regions_are_out_of_sight():
+    def loss(params, x):
+        def turn(carry):  # a remat.checkpoint region in a while loop: the jaxpr's walk skips it
+            i, h = carry
+            return i + 1, remat.checkpoint(_block, params[0], h)
+        _, x = jax.lax.while_loop(lambda c: c[0] < 2, turn, (0, x))
+        return jnp.mean(jax.checkpoint(_block)(params[1], x) ** 2)
+
+    params = [_weights(k) for k in jax.random.split(jax.random.PRNGKey(4), 2)]
+    surveyed = survey(loss, params, _batch())
+    # the foreign region's place among remat's is not known: only remat's own is planned
+    assert surveyed.regions == 1 and surveyed.foreign == () and surveyed.paths == [None]
