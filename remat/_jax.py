@@ -207,7 +207,23 @@ def checkpoint_body(eqn: Any) -> Any:
     if eqn.primitive is checkpoint_primitive():
         return eqn.params["jaxpr"]
     called = _remat3_call(eqn)
-    return None if called is None else called.jaxpr.jaxpr
+    return None if called is None else _classic_names(called.jaxpr.jaxpr)
+
+
+def _classic_names(jaxpr: Any) -> Any:
+    """``jaxpr`` with each ``jax_remat3`` name tag (a ``CheckpointName`` call) as the classic
+    ``name_p`` equation, which the classic checkpoint's name policies read."""
+    from jax._src import ad_checkpoint as adc
+
+    tag = getattr(adc, "CheckpointName", None)
+    eqns, changed = [], False
+    for eqn in jaxpr.eqns:
+        prim = eqn.params.get("_prim") if eqn.primitive is getattr(adc, "call_hi_primitive_p", None) else None
+        new = (eqn.replace(primitive=adc.name_p, params={"name": prim.name}) if tag is not None and
+               isinstance(prim, tag) else with_subjaxprs(eqn, _classic_names))
+        changed |= new is not eqn
+        eqns.append(new)
+    return replace_eqns(jaxpr, eqns) if changed else jaxpr
 
 
 def checkpoint_policy(eqn: Any) -> Any:

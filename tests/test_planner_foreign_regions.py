@@ -19,7 +19,9 @@ import remat
 from remat._jax import remat3_setting
 from remat.analysis import saved_residuals
 from remat.analysis.compiled import CompiledMemory
+from remat.analysis.machine import current_rates
 from remat.planner import region_choices
+from remat.planner._costs import region_costs
 from remat.planner.steering import PlanMismatch, apply_policies, survey
 from remat.policies import NO_CHECKPOINT
 
@@ -296,3 +298,34 @@ def test_foreign_regions_are_left_as_written_where_remat_regions_are_out_of_sigh
     surveyed = survey(loss, params, _batch())
     # the foreign region's place among remat's is not known: only remat's own is planned
     assert surveyed.regions == 1 and surveyed.foreign == () and surveyed.paths == [None]
+
+
+def _tagged_block(w, h):
+    return h + jax.ad_checkpoint.checkpoint_name(jnp.tanh(h @ w["w1"]), "hidden") @ w["w2"]
+
+
+def _tagged_loss(params, x):
+    for w in params:
+        x = jax.checkpoint(_tagged_block)(w, x)
+    return jnp.mean(x ** 2)
+
+
+@pytest.mark.parametrize("remat3", [False, True])
+def test_a_foreign_regions_names_are_options_under_either_construct(remat3):
+    params, x = [_weights(k) for k in jax.random.split(jax.random.PRNGKey(5), 2)], _batch()
+    with remat3_setting()(remat3):
+        surveyed = survey(_tagged_loss, params, x)
+        assert surveyed.names == ["hidden"] and surveyed.foreign == (0, 1)
+        costs = region_costs(_tagged_loss, (params, x), 2, [NO_CHECKPOINT, "nothing", ("hidden",)],
+                             rates=current_rates())
+
+        def kept(policy):
+            planned = apply_policies(_tagged_loss, (policy,) * 2, foreign=surveyed.foreign)
+            return saved_residuals(planned, params, x).residual_bytes
+
+        # keeping the tag keeps each block's hidden activation (4 widths a row) beyond "nothing"
+        hidden = BATCH * 4 * WIDTH * 4
+        assert kept(("hidden",)) - kept("nothing") == 2 * hidden
+        assert costs is not None and [k[2] - k[1] for k in costs.kept] == [hidden, hidden]
+        planned = apply_policies(_tagged_loss, (("hidden",), "nothing"), foreign=surveyed.foreign)
+        _assert_equal_grads(jax.jit(jax.grad(planned))(params, x), jax.jit(jax.grad(_tagged_loss))(params, x))
