@@ -219,8 +219,10 @@ def _classic_names(jaxpr: Any) -> Any:
     eqns, changed = [], False
     for eqn in jaxpr.eqns:
         prim = eqn.params.get("_prim") if eqn.primitive is getattr(adc, "call_hi_primitive_p", None) else None
-        new = (eqn.replace(primitive=adc.name_p, params={"name": prim.name}) if tag is not None and
-               isinstance(prim, tag) else with_subjaxprs(eqn, _classic_names))
+        if tag is not None and isinstance(prim, tag):
+            new = eqn.replace(primitive=adc.name_p, params={"name": prim.name})
+        else:
+            new = with_subjaxprs(eqn, _classic_names)
         changed |= new is not eqn
         eqns.append(new)
     return replace_eqns(jaxpr, eqns) if changed else jaxpr
