@@ -215,12 +215,11 @@ def _classic_names(jaxpr: Any) -> Any:
     ``name_p`` equation, which the classic checkpoint's name policies read."""
     from jax._src import ad_checkpoint as adc
 
-    tag = getattr(adc, "CheckpointName", None)
     eqns, changed = [], False
     for eqn in jaxpr.eqns:
-        prim = eqn.params.get("_prim") if eqn.primitive is getattr(adc, "call_hi_primitive_p", None) else None
-        if tag is not None and isinstance(prim, tag):
-            new = eqn.replace(primitive=adc.name_p, params={"name": prim.name})
+        name = checkpoint_name_of(eqn)
+        if name is not None and eqn.primitive is not adc.name_p:
+            new = eqn.replace(primitive=adc.name_p, params={"name": name})
         else:
             new = with_subjaxprs(eqn, _classic_names)
         changed |= new is not eqn
