@@ -329,3 +329,17 @@ def test_a_foreign_regions_names_are_options_under_either_construct(remat3):
         assert costs is not None and [k[2] - k[1] for k in costs.kept] == [hidden, hidden]
         planned = apply_policies(_tagged_loss, (("hidden",), "nothing"), foreign=surveyed.foreign)
         _assert_equal_grads(jax.jit(jax.grad(planned))(params, x), jax.jit(jax.grad(_tagged_loss))(params, x))
+
+
+def test_a_residual_budget_is_an_option_for_a_foreign_region():
+    step, params, x = _lax_step()
+
+    def kept(policy):
+        return saved_residuals(apply_policies(step, (policy,), foreign=(0,)), params, x).residual_bytes
+
+    # the budget picks the region's policy from its body (4 trips of it here): a larger
+    # budget keeps more, all of it keeps what no checkpoint keeps
+    half, whole = kept(remat.residual_budget(0.5)), kept(remat.residual_budget(1.0))
+    assert kept("nothing") < half < whole <= kept(NO_CHECKPOINT)
+    planned = apply_policies(step, (remat.residual_budget(0.5),), foreign=(0,))
+    _assert_equal_grads(jax.jit(jax.grad(planned))(params, x), jax.jit(jax.grad(step))(params, x))

@@ -19,7 +19,8 @@ import jax
 import numpy as np
 
 from remat import _jax as xb
-from remat._core.lowering import RegionPolicy, mark_region
+from remat._core.hooks import RegionChooser
+from remat._core.lowering import RegionPolicy, classic_checkpoint, mark_region
 from remat.policies import is_no_checkpoint, resolve_policy
 
 #: The option that leaves a region as its code wrote it (``remat.planner.AS_WRITTEN``).
@@ -89,8 +90,19 @@ def choice(spec: Any) -> Decide:
         return lambda eqn: eqn
     if is_no_checkpoint(spec):
         return xb.inlined_checkpoint
-    policy = mark_region(resolve_policy(spec))
-    return lambda eqn: xb.as_checkpoint(eqn, policy)
+    policy = resolve_policy(spec)
+    if isinstance(policy, RegionChooser):  # a residual budget: its policy picked from the region's inputs
+        return lambda eqn: xb.as_checkpoint(eqn, mark_region(_chosen_policy(policy, eqn)))
+    marked = mark_region(policy)
+    return lambda eqn: xb.as_checkpoint(eqn, marked)
+
+
+def _chosen_policy(chooser: RegionChooser, eqn: Any) -> Any:
+    """The policy ``chooser`` picks for the region of ``eqn``, from its body and input shapes."""
+    body = xb.closed_jaxpr(xb.checkpoint_body(eqn))
+    run = xb.jaxpr_function(body)
+    inputs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in body.jaxpr.invars]
+    return chooser.choose_policy(lambda policy: classic_checkpoint(run, policy=policy), inputs)
 
 
 def traced(step_fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> tuple[Any, Callable[..., Any]]:

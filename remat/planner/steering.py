@@ -196,8 +196,8 @@ def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
     def planned(*args: Any, **kwargs: Any) -> Any:
         with _region_policies(own_policies, expected=own_paths, positions=own if theirs else ()), \
                 _scan_choice(scan), _sequential_choice(sequential):
-            if not theirs:
-                return step_fn(*args, **kwargs)
+            if not theirs or (their_paths is None and all(p == AS_WRITTEN for p in their_policies)):
+                return step_fn(*args, **kwargs)  # nothing to rewrite, nothing to check
             return _foreign_policies(step_fn, args, kwargs, their_policies, theirs, their_paths)
 
     planned.__name__ = getattr(step_fn, "__name__", "step")
