@@ -49,7 +49,9 @@ def plan(
     """Finds the fastest way to checkpoint ``step_fn`` whose compiled temp memory fits.
 
     Args:
-      step_fn: a scalar loss ``step_fn(*args)`` whose blocks call :func:`remat.checkpoint`.
+      step_fn: a scalar loss ``step_fn(*args)`` whose blocks call :func:`remat.checkpoint`
+        (or are checkpointed with ``jax.checkpoint``, ``nnx.remat`` or ``nn.remat``, whose
+        regions the planner re-decides in the step's jaxpr: ``remat.planner._foreign``).
       *args: example arguments (parameters first, or as ``argnums`` says).
       memory_budget: the most compiled temp memory of ``jit(grad(step_fn))``, as a fraction
         in [0, 1] of the same step without any checkpoint (the whole step's memory, unlike
@@ -129,7 +131,8 @@ def _surveyed(step_fn: Callable[..., Any], args: tuple, rates: Rates | None) -> 
     programs = None if rates is not None or calibrated() else BACKGROUND.submit(calibration_programs).result
     surveyed = survey(step_fn, *args)
     if surveyed.regions == 0 and not surveyed.scan_depths:
-        raise ValueError("plan() found no remat.checkpoint region or remat.scan_layers in step_fn: "
+        raise ValueError("plan() found no checkpointed region (remat.checkpoint, jax.checkpoint, nnx.remat, "
+                         "nn.remat) or remat.scan_layers in step_fn: "
                          "checkpoint its blocks first")
     return surveyed, calibrate_once(programs) if rates is None else rates
 
