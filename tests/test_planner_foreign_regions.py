@@ -343,3 +343,18 @@ def test_a_residual_budget_is_an_option_for_a_foreign_region():
     assert kept("nothing") < half < whole <= kept(NO_CHECKPOINT)
     planned = apply_policies(step, (remat.residual_budget(0.5),), foreign=(0,))
     _assert_equal_grads(jax.jit(jax.grad(planned))(params, x), jax.jit(jax.grad(step))(params, x))
+
+
+def test_a_rewritten_region_lowers_as_remats_and_saves_memory():
+    step, params, x = _unrolled_step()
+
+    def temp_bytes(fn):
+        return CompiledMemory.from_compiled(jax.jit(jax.grad(fn)).lower(params, x).compile()).temp_bytes
+
+    foreign = tuple(range(DEPTH))
+    unchecked = temp_bytes(apply_policies(step, (NO_CHECKPOINT,) * DEPTH, foreign=foreign))
+    # rewritten with policy "nothing", each region's recomputation waits for its cotangent
+    # (remat's lowering), so the step keeps less than un-checkpointed, and less than as
+    # written, which XLA:CPU may schedule early (docs/memory.md)
+    planned = temp_bytes(apply_policies(step, ("nothing",) * DEPTH, foreign=foreign))
+    assert planned < unchecked and planned <= temp_bytes(step)
