@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 import remat
 from remat._jax import remat3_setting
@@ -301,7 +302,7 @@ def test_foreign_regions_are_left_as_written_where_remat_regions_are_out_of_sigh
 
 
 def _tagged_block(w, h):
-    return h + jax.ad_checkpoint.checkpoint_name(jnp.tanh(h @ w["w1"]), "hidden") @ w["w2"]
+    return h + checkpoint_name(jnp.tanh(h @ w["w1"]), "hidden") @ w["w2"]
 
 
 def _tagged_loss(params, x):
