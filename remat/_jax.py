@@ -162,6 +162,109 @@ def jaxpr_function(closed: Any) -> Any:
     return core.jaxpr_as_fun(closed)
 
 
+def replace_eqns(jaxpr: Any, eqns: list[Any]) -> Any:
+    """``jaxpr`` with ``eqns`` in place of its equations (same inputs and outputs)."""
+    return jaxpr.replace(eqns=eqns)
+
+
+def with_subjaxprs(eqn: Any, rewrite: Any) -> Any:
+    """``eqn`` with each jaxpr its parameters hold (a scan's body, a jit's, a cond's
+    branches) passed through ``rewrite`` (an open jaxpr to an open jaxpr); ``eqn`` itself
+    where ``rewrite`` changed none."""
+    from jax._src import core
+
+    def new(value: Any) -> Any:
+        if isinstance(value, core.ClosedJaxpr):
+            inner = rewrite(value.jaxpr)
+            return value if inner is value.jaxpr else core.ClosedJaxpr(inner, value.consts)
+        if isinstance(value, core.Jaxpr):
+            return rewrite(value)
+        if isinstance(value, tuple) and value and all(isinstance(v, (core.Jaxpr, core.ClosedJaxpr)) for v in value):
+            return tuple(map(new, value))
+        return value
+
+    params = {k: new(v) for k, v in eqn.params.items()}
+    return eqn if all(params[k] is v for k, v in eqn.params.items()) else eqn.replace(params=params)
+
+
+# --- checkpoint equations (jax.checkpoint, nnx.remat and nn.remat build them) ----------------
+
+def _remat3_call(eqn: Any) -> Any:
+    """The ``RematTraced`` a ``jax_remat3`` checkpoint equation calls, or None."""
+    from jax._src import ad_checkpoint as adc
+
+    call_hi, remat3 = getattr(adc, "call_hi_primitive_p", None), getattr(adc, "RematTraced", None)
+    if call_hi is None or remat3 is None or eqn.primitive is not call_hi:
+        return None
+    prim = eqn.params.get("_prim")
+    return prim if isinstance(prim, remat3) else None
+
+
+def checkpoint_body(eqn: Any) -> Any:
+    """The open jaxpr a checkpoint equation runs, or None for any other equation: the
+    ``checkpoint`` primitive's, or under ``jax_remat3`` the ``RematTraced`` call's (its
+    constants are its first inputs, so its body is open too)."""
+    if eqn.primitive is checkpoint_primitive():
+        return eqn.params["jaxpr"]
+    called = _remat3_call(eqn)
+    return None if called is None else _classic_names(called.jaxpr.jaxpr)
+
+
+def _classic_names(jaxpr: Any) -> Any:
+    """``jaxpr`` with each ``jax_remat3`` name tag (a ``CheckpointName`` call) as the classic
+    ``name_p`` equation, which the classic checkpoint's name policies read."""
+    from jax._src import ad_checkpoint as adc
+
+    eqns, changed = [], False
+    for eqn in jaxpr.eqns:
+        name = checkpoint_name_of(eqn)
+        if name is not None and eqn.primitive is not adc.name_p:
+            new = eqn.replace(primitive=adc.name_p, params={"name": name})
+        else:
+            new = with_subjaxprs(eqn, _classic_names)
+        changed |= new is not eqn
+        eqns.append(new)
+    return replace_eqns(jaxpr, eqns) if changed else jaxpr
+
+
+def checkpoint_policy(eqn: Any) -> Any:
+    """The policy of a checkpoint equation (:func:`checkpoint_body` is not None)."""
+    called = _remat3_call(eqn)
+    return eqn.params["policy"] if called is None else called.policy
+
+
+def checkpoint_function_name(eqn: Any) -> str:
+    """The name of the function a checkpoint equation checkpointed (``"?"`` where JAX kept none)."""
+    info = getattr(checkpoint_body(eqn), "debug_info", None)
+    source = getattr(info, "func_src_info", None) or "?"
+    return source.split(" at ", 1)[0]
+
+
+def as_checkpoint(eqn: Any, policy: Any) -> Any:
+    """A checkpoint equation as the ``checkpoint`` primitive (whatever ``jax_remat3`` made
+    of it) with ``policy``: the same inputs, outputs, body and ``prevent_cse``."""
+    called = _remat3_call(eqn)
+    prevent_cse = True if called is not None else eqn.params["prevent_cse"]
+    return eqn.replace(primitive=checkpoint_primitive(),
+                       params=dict(jaxpr=checkpoint_body(eqn), prevent_cse=prevent_cse, differentiated=False,
+                                   policy=policy))
+
+
+def inlined_checkpoint(eqn: Any) -> Any:
+    """A checkpoint equation as a plain call of its body: not checkpointed."""
+    from jax._src import core
+
+    return eqn.replace(primitive=core.closed_call_p, params=dict(call_jaxpr=core.ClosedJaxpr(checkpoint_body(eqn), ())))
+
+
+def eval_closed_jaxpr(closed: Any, jaxpr: Any, *args: Any) -> list[Any]:
+    """Evaluates ``jaxpr`` (``closed``'s jaxpr, or one rewritten from it) with ``closed``'s
+    constants, binding each equation in the current trace."""
+    from jax._src import core
+
+    return core.eval_jaxpr(jaxpr, closed.consts, *args)
+
+
 def remat3_setting() -> Any:
     """The ``jax_remat3`` setting (called with a bool, a thread-local context), or None before JAX 0.10.2."""
     from jax._src import config

@@ -377,3 +377,13 @@ def test_scanned_plan_tiny(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["regions"] == 1 and out["fits"] and out["compiled"] <= 4
     assert out["plan_s"] > 0 and out["jit_s"] > 0
+
+
+@pytest.mark.slow  # tests/test_planner_foreign_regions.py plans these steps in the default run
+def test_foreign_plan_tiny(capsys):
+    from benchmarks import foreign_plan
+
+    assert foreign_plan.main(["--depth", "2", "--width", "16", "--batch", "16", "--rounds", "1",
+                              "--results", ""]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].startswith("| step |") and len(rows) == 2 + len(foreign_plan.CASES)

@@ -121,7 +121,9 @@ def region_paths(step_fn: Callable[..., Any], *args: Any) -> list[Path | None]:
     In trace order, which is the order of the per-region choices of :func:`remat.plan`
     (``plan.chosen.policies``), so ``zip(region_paths(loss, *args), plan.chosen.policies)``
     says, per module, whether the plan checkpoints it and how. ``None`` marks a region
-    written by hand (a :func:`remat.checkpoint` call) rather than applied.
+    written by hand (a :func:`remat.checkpoint` call) rather than applied. Regions written
+    with ``jax.checkpoint``, ``nnx.remat`` or ``nn.remat`` are not listed here; a plan's
+    ``region_paths`` names every region it decides, those too.
 
     Example:
       >>> dict(zip(region_paths(loss, params, x), p.chosen.policies))  # doctest: +SKIP

@@ -313,6 +313,9 @@ def names_in_jaxpr(jaxpr: Any) -> list[str]:
             if name is not None:
                 names.setdefault(name)
         todo.extend(_jax.subjaxprs(jaxpr))  # scan bodies, checkpointed regions, jits, ...
+        # a jax_remat3 region (jax.checkpoint under JAX_REMAT3=1) holds its body out of subjaxprs' sight
+        todo.extend(body for e in jaxpr.eqns if e.primitive is not _jax.checkpoint_primitive()
+                    and (body := _jax.checkpoint_body(e)) is not None)
     return list(names)
 
 

@@ -3,7 +3,9 @@
 The step is the user's own loss function, with ``remat.checkpoint`` (or
 ``checkpoint_sequential``, or ``remat.scan_layers``) around its blocks as usual. While the
 planner traces it, it re-decides every checkpointed region (through a hook in
-:func:`remat.checkpoint`'s one dispatch): checkpoint it or not, and with which policy. The
+:func:`remat.checkpoint`'s one dispatch): checkpoint it or not, and with which policy.
+Regions written with ``jax.checkpoint``, ``nnx.remat`` or ``nn.remat`` are re-decided in
+the step's jaxpr instead (``_foreign``). The
 guide, with the candidate families and how the search weighs them, is ``docs/planner.md``.
 
 What a user reads here: :func:`plan`, its result :class:`Plan`, each candidate weighed

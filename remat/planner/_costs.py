@@ -199,11 +199,10 @@ def _region_bodies(jaxpr: Any, computed: frozenset[Any] = frozenset(),
       computed: its input variables that hold activations (a scan body's carry, say).
       trips: how many times one step runs ``jaxpr``.
     """
-    remat_p = xb.checkpoint_primitive()
     produced = set(computed) | {v for e in jaxpr.eqns for v in e.outvars}
     for eqn in jaxpr.eqns:
-        if eqn.primitive is remat_p:
-            body = eqn.params["jaxpr"]
+        body = xb.checkpoint_body(eqn)  # jax_remat3's construct too (a region written with jax.checkpoint)
+        if body is not None:
             yield (tuple(not xb.is_literal(v) and v in produced for v in eqn.invars), xb.closed_jaxpr(body),
                    trips)
         elif eqn.primitive.name == "scan":

@@ -38,6 +38,9 @@ class Plan:
         by hand); :meth:`apply` checks the step against them.
       not_offloaded: why offloading the step's tagged values to host memory was not
         weighed, in one line (None: it was, or the step tags none).
+      foreign_regions: the positions of the regions written with ``jax.checkpoint``,
+        ``nnx.remat`` or ``nn.remat`` (their paths name the transform, the function and
+        its number of inputs); the others are ``remat.checkpoint`` regions.
     """
 
     memory_budget: float
@@ -55,6 +58,7 @@ class Plan:
     footprint: Footprint | None = None
     region_paths: tuple[Any, ...] | None = None
     not_offloaded: str | None = None
+    foreign_regions: tuple[int, ...] = ()
 
     def apply(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
         """``step_fn`` with the plan's choice for every checkpointed region (at trace time).
@@ -66,7 +70,7 @@ class Plan:
             raise ValueError(self.shortfall())
         return apply_policies(step_fn, self.chosen.policies, scan=self.chosen.scan,
                               sequential=self.chosen.sequential, whole_step=self.chosen.whole_step,
-                              paths=self.region_paths)
+                              paths=self.region_paths, foreign=self.foreign_regions)
 
     def shortfall(self) -> str:
         """Why nothing fits, in one line."""

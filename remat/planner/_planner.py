@@ -49,7 +49,9 @@ def plan(
     """Finds the fastest way to checkpoint ``step_fn`` whose compiled temp memory fits.
 
     Args:
-      step_fn: a scalar loss ``step_fn(*args)`` whose blocks call :func:`remat.checkpoint`.
+      step_fn: a scalar loss ``step_fn(*args)`` whose blocks call :func:`remat.checkpoint`
+        (or are checkpointed with ``jax.checkpoint``, ``nnx.remat`` or ``nn.remat``, whose
+        regions the planner re-decides in the step's jaxpr: ``remat.planner._foreign``).
       *args: example arguments (parameters first, or as ``argnums`` says).
       memory_budget: the most compiled temp memory of ``jit(grad(step_fn))``, as a fraction
         in [0, 1] of the same step without any checkpoint (the whole step's memory, unlike
@@ -104,6 +106,7 @@ def plan(
     costing = _start_costing(step_fn, args, surveyed, options, rates, exhaustive)
     search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache,
                              early_reject and costing is None, lean=budget == 0, progress=progress, rates=rates)
+    search.foreign = surveyed.foreign
     if budget is None:  # a device limit: the un-checkpointed step compiled first, for the limit's temp share
         assert limit_bytes is not None  # _checked_limit admits exactly one
         budget = _budget_within(search, surveyed, limit_bytes)
@@ -128,7 +131,8 @@ def _surveyed(step_fn: Callable[..., Any], args: tuple, rates: Rates | None) -> 
     programs = None if rates is not None or calibrated() else BACKGROUND.submit(calibration_programs).result
     surveyed = survey(step_fn, *args)
     if surveyed.regions == 0 and not surveyed.scan_depths:
-        raise ValueError("plan() found no remat.checkpoint region or remat.scan_layers in step_fn: "
+        raise ValueError("plan() found no checkpointed region (remat.checkpoint, jax.checkpoint, nnx.remat, "
+                         "nn.remat) or remat.scan_layers in step_fn: "
                          "checkpoint its blocks first")
     return surveyed, calibrate_once(programs) if rates is None else rates
 
@@ -152,7 +156,8 @@ def _result(pool: list[PlanCandidate], none: PlanCandidate, surveyed: Survey, li
                 minimum_bytes=min(c.compiled_temp_bytes() for c in compiled), plan_s=plan_s,
                 compile_s=none.compile_s, memory_limit_bytes=limit_bytes,
                 device_bytes=on_device.device_bytes if chosen is not None else None,
-                footprint=on_device, region_paths=tuple(surveyed.paths), not_offloaded=offload_note(surveyed.names))
+                footprint=on_device, region_paths=tuple(surveyed.paths), not_offloaded=offload_note(surveyed.names),
+                foreign_regions=surveyed.foreign)
 
 
 def _checked_limit(budget: Any, limit: Any) -> tuple[float | None, int | None]:

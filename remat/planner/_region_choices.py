@@ -8,6 +8,7 @@ from remat._core.apply import region_paths
 from remat.analysis import saved_residuals
 from remat.analysis.machine import current_rates
 from remat.planner._costs import region_costs
+from remat.planner._foreign import path_text
 from remat.planner._plan import Plan
 from remat.planner.steering import AS_WRITTEN, apply_policies
 from remat.policies import policy_name
@@ -40,8 +41,10 @@ def region_choices(plan: Plan, step_fn: Callable[..., Any], *args: Any) -> list[
     if chosen is None or chosen.whole_step or chosen.scan is not None or chosen.sequential is not None:
         return []
     n = len(chosen.policies)
-    paths = region_paths(step_fn, *args)
-    base = saved_residuals(apply_policies(step_fn, ("nothing",) * n), *args).residual_bytes
+    # the plan's paths name every region it decides (foreign ones too, remat.planner._foreign)
+    paths = list(plan.region_paths) if plan.region_paths is not None else region_paths(step_fn, *args)
+    foreign = plan.foreign_regions
+    base = saved_residuals(apply_policies(step_fn, ("nothing",) * n, foreign=foreign), *args).residual_bytes
     options = list({policy_name(p): p for p in ("nothing", *chosen.policies) if policy_name(p) != AS_WRITTEN}.items())
     # only the kept bytes are read, which no rate changes
     costs = region_costs(step_fn, args, n, [p for _, p in options], rates=current_rates())
@@ -50,10 +53,11 @@ def region_choices(plan: Plan, step_fn: Callable[..., Any], *args: Any) -> list[
     for i, spec in enumerate(chosen.policies):
         label = policy_name(spec)
         alone = ("nothing",) * i + (spec,) + ("nothing",) * (n - i - 1)
-        measured = saved_residuals(apply_policies(step_fn, alone), *args).residual_bytes - base
+        measured = saved_residuals(apply_policies(step_fn, alone, foreign=foreign), *args).residual_bytes - base
         predicted = ((costs.kept[i][column[label]] - costs.kept[i][0]) * costs.runs(i)
                      if costs is not None and label in column else None)
         path = paths[i] if i < len(paths) else None
-        out.append({"index": i, "path": ".".join(map(str, path)) if path is not None else None, "policy": label,
+        text = None if path is None else path_text(path) if i in foreign else ".".join(map(str, path))
+        out.append({"index": i, "path": text, "policy": label,
                     "predicted_bytes": None if predicted is None else int(predicted), "measured_bytes": measured})
     return out

@@ -25,8 +25,8 @@ def saved_fields(plan: Any) -> dict[str, Any]:
     return {
         "format": FORMAT, "versions": {"jax": jax.__version__, "remat": importlib.metadata.version("remat")},
         "label": chosen.label,
-        "regions": [{"path": None if p is None else list(p), "option": policy_name(s)}
-                    for p, s in zip(paths, chosen.policies)],
+        "regions": [_region_json(p, s, i in plan.foreign_regions)
+                    for i, (p, s) in enumerate(zip(paths, chosen.policies))],
         "checked_paths": plan.region_paths is not None,
         "scan": None if chosen.scan is None else {"policy": policy_name(chosen.scan[0]),
                                                    "groups": _groups_json(chosen.scan[1])},
@@ -58,7 +58,15 @@ def read_plan(path: Any) -> dict[str, Any]:
             "none_temp_bytes": saved["none_temp_bytes"], "num_regions": len(regions), "feasible": True,
             "chosen": chosen, "candidates": (chosen,), "minimum_bytes": saved["temp_bytes"],
             "memory_limit_bytes": saved["memory_limit_bytes"], "device_bytes": saved["device_bytes"],
-            "region_paths": paths if saved.get("checked_paths", True) else None}
+            "region_paths": paths if saved.get("checked_paths", True) else None,
+            "foreign_regions": tuple(i for i, r in enumerate(regions) if r.get("foreign", False))}
+
+
+def _region_json(path: Any, spec: Any, foreign: bool) -> dict[str, Any]:
+    """One region's entry: its path, its option, and ``"foreign": true`` for a region
+    written with ``jax.checkpoint``, ``nnx.remat`` or ``nn.remat``."""
+    entry = {"path": None if path is None else list(path), "option": policy_name(spec)}
+    return {**entry, "foreign": True} if foreign else entry
 
 
 _BUDGET = re.compile(r"^residual_budget\(([0-9.eE+-]+)\)$")

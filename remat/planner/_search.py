@@ -59,6 +59,7 @@ class CandidateSearch:
         self.none: PlanCandidate | None = None  # the un-checkpointed step, compiled
         self.fused = 1.0  # compiled bytes accessed per lowered byte, the un-checkpointed step's
         self._lowered: dict[str, Any] = {}  # lowerings not compiled yet, by fingerprint
+        self.foreign: tuple[int, ...] = ()  # the regions written with jax.checkpoint (Survey.foreign)
 
     def calibrate(self, none: PlanCandidate, limit: int) -> None:
         """The un-checkpointed step compiled: set the rejection ceiling and the ratios the
@@ -87,7 +88,8 @@ class CandidateSearch:
         """The candidate of ``spec`` with its residual bytes (one trace), from the cache if there."""
         c = self.cache.get(spec.label)
         if c is None:
-            planned = apply_policies(self.step_fn, spec.policies, spec.scan, spec.sequential, spec.whole_step)
+            planned = apply_policies(self.step_fn, spec.policies, spec.scan, spec.sequential, spec.whole_step,
+                                     foreign=self.foreign)
             c = self.cache[spec.label] = PlanCandidate(
                 spec.label, spec.policies, scan=spec.scan, sequential=spec.sequential, whole_step=spec.whole_step,
                 residual_bytes=saved_residuals(planned, *self.args).residual_bytes)
@@ -102,7 +104,8 @@ class CandidateSearch:
             return c, None
         if c.lowered is not None and c.lowered in self._lowered:
             return c, c.lowered
-        planned = apply_policies(self.step_fn, spec.policies, spec.scan, spec.sequential, spec.whole_step)
+        planned = apply_policies(self.step_fn, spec.policies, spec.scan, spec.sequential, spec.whole_step,
+                                     foreign=self.foreign)
         lowered = lower_step(planned, self.args, self.argnums)
         key = lowered_fingerprint(lowered)
         self._lowered[key] = lowered
