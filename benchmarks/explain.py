@@ -10,7 +10,10 @@ Markdown table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import io
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -68,11 +71,48 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: the built-in twins ``remat explain MODEL`` takes (transformers needed for gpt2 and resnet)
+TWINS = ("mlp", "transformer", "cnn", "llama", "gpt2", "resnet")
+
+
+def attribution(model: str) -> dict[str, Any]:
+    """The least attributed share of ``remat explain MODEL``'s temp bytes over every policy of
+    :data:`remat.policies.POLICY_NAMES` and the leanest plan (``--plan 0``), with the policy
+    it fell to and the largest unattributed remainder in bytes."""
+    from remat.cli import main as remat_main
+    from remat.policies import POLICY_NAMES
+
+    runs: list[tuple[str, float, int]] = []
+    for label, extra in [(p, ["--policy", p]) for p in POLICY_NAMES] + [("plan", ["--plan", "0"])]:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            if remat_main(["explain", model, "--json", *extra]) != 0:
+                raise RuntimeError(f"remat explain {model} {' '.join(extra)} failed")
+        report = json.loads(out.getvalue())
+        fraction = report["attributed_fraction"]
+        runs.append((label, fraction, round(report["temp_bytes"] * (1 - fraction))))
+    label, fraction, _ = min(runs, key=lambda r: r[1])
+    return {"model": model, "least": fraction, "policy": label, "remainder": max(r[2] for r in runs)}
+
+
+def attribution_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| model | lowest attributed share (policy) | largest unattributed remainder |", "|---|---|---|"]
+    lines += [f"| {r['model']} | {r['least']:.2%} ({r['policy']}) | {r['remainder']} B |" for r in rows]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.explain", description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per model (median)")
+    parser.add_argument("--attribution", action="store_true",
+                        help="instead: the least attributed share of each twin over every policy and a plan")
     add_results_argument(parser)
     args = parser.parse_args(argv)
+    if args.attribution:
+        table = attribution_markdown([attribution(m) for m in TWINS])
+        print(table)
+        write_result(args.results, "explain-attribution", table, argv, "benchmarks.explain")
+        return 0
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, {args.rounds} rounds, medians")
     table = markdown([measure(m, p, s, args.rounds) for m, p, s in CASES])
     print(table)
