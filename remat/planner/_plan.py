@@ -38,6 +38,8 @@ class Plan:
         by hand); :meth:`apply` checks the step against them.
       not_offloaded: why offloading the step's tagged values to host memory was not
         weighed, in one line (None: it was, or the step tags none).
+      not_split: why a scanned region was not offered segment splits, in one line
+        (None: every scanned region was, or none is in a scan).
     """
 
     memory_budget: float
@@ -55,6 +57,7 @@ class Plan:
     footprint: Footprint | None = None
     region_paths: tuple[Any, ...] | None = None
     not_offloaded: str | None = None
+    not_split: str | None = None
 
     def apply(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
         """``step_fn`` with the plan's choice for every checkpointed region (at trace time).
@@ -126,9 +129,10 @@ class Plan:
 
     def why(self) -> list[str]:
         """What the alternatives would have cost: the runner-up's time, the nearest faster
-        candidate's bytes over the limit; and why host offload was not weighed, if it was not."""
+        candidate's bytes over the limit; and why host offload or a scanned stack's segment
+        splits were not weighed, if they were not."""
         lines: list[str] = []
-        note = [self.not_offloaded] if self.not_offloaded is not None else []
+        note = [n for n in (self.not_offloaded, self.not_split) if n is not None]
         if self.chosen is None:
             return note
         up = self.runner_up

@@ -23,6 +23,8 @@ from remat.planner._footprint import footprint
 from remat.planner._mixed import mixed_spec, mixed_specs, uniform_costs
 from remat.planner._plan import Plan
 from remat.planner._search import BACKGROUND, LEAN_SLACK, CandidateSearch
+from remat.planner._segments import scanned_bytes, split_note, stack_lengths
+from remat.planner._split_options import with_splits
 from remat.planner._units import parse_bytes
 from remat.planner.programs import time_side_by_side
 from remat.planner.steering import Survey, survey
@@ -152,7 +154,8 @@ def _result(pool: list[PlanCandidate], none: PlanCandidate, surveyed: Survey, li
                 minimum_bytes=min(c.compiled_temp_bytes() for c in compiled), plan_s=plan_s,
                 compile_s=none.compile_s, memory_limit_bytes=limit_bytes,
                 device_bytes=on_device.device_bytes if chosen is not None else None,
-                footprint=on_device, region_paths=tuple(surveyed.paths), not_offloaded=offload_note(surveyed.names))
+                footprint=on_device, region_paths=tuple(surveyed.paths), not_offloaded=offload_note(surveyed.names),
+                not_split=split_note(stack_lengths(surveyed.jaxpr)))
 
 
 def _checked_limit(budget: Any, limit: Any) -> tuple[float | None, int | None]:
@@ -210,7 +213,9 @@ def _default_search(search: CandidateSearch, surveyed: Survey, budget: float, co
     # its residual bytes come with the regions' costs, not from a trace of its own
     search.cache.setdefault(unchecked.label, PlanCandidate(unchecked.label, unchecked.policies))
     waiting = search.start([unchecked])  # compiles while the regions are costed and the pick is made
-    none, pool = fast_search(search, surveyed, budget, costing(), waiting, second_opinion)
+    # a scanned stack may also be split into two segments with options of their own
+    costs, _ = with_splits(costing(), stack_lengths(surveyed.jaxpr), scanned_bytes(surveyed.jaxpr))
+    none, pool = fast_search(search, surveyed, budget, costs, waiting, second_opinion)
     seen = {c.label for c in pool} | {none.label}
     earlier = [c for c in search.cache.values() if c.compiled is not None and c.label not in seen
                and c.scan is None and c.sequential is None and len(c.policies) == surveyed.regions]

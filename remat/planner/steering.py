@@ -14,6 +14,7 @@ from remat._core.apply_selected import take_entering_path
 from remat._core.checkpoint import checkpoint
 from remat._core.options import CheckpointOptions
 from remat._core.residuals import names_in_jaxpr
+from remat.planner._segments import Segments, split_step
 from remat.policies import is_no_checkpoint, policy_name, resolve_policy
 
 AS_WRITTEN = "as written"  # a region keeps the options the user's code gave it
@@ -128,8 +129,19 @@ def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
     the step's inputs and recomputes everything else, its regions checkpointed as
     ``policies`` say. With ``paths`` (each region's module path, as the plan was made
     for), a trace whose regions differ raises a ValueError naming the first that does.
+    A region's :class:`remat.planner._segments.Segments` runs its scan as consecutive
+    scans, one per part (:func:`remat.planner._segments.split_step`).
     """
     policies = tuple(policies)
+    splits = {i: p for i, p in enumerate(policies) if isinstance(p, Segments)}
+    if splits:
+        def uniform(options: dict[int, Any]) -> Callable[..., Any]:
+            return apply_policies(step_fn, tuple(options.get(i, p) for i, p in enumerate(policies)), scan,
+                                  sequential, paths=paths)
+
+        planned_split = split_step(uniform, splits, PlanMismatch)
+        planned_split.__name__ = getattr(step_fn, "__name__", "step")
+        return checkpoint(planned_split, policy="nothing") if whole_step else planned_split
 
     def planned(*args: Any, **kwargs: Any) -> Any:
         with _region_policies(policies, expected=paths), _scan_choice(scan), _sequential_choice(sequential):
