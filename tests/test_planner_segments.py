@@ -154,6 +154,8 @@ def test_the_default_search_splits_a_stack_where_no_single_option_fits_as_fast(t
     planned = jax.jit(jax.grad(p.apply(loss)))(params, x)
     for a, b in zip(jax.tree.leaves(planned), jax.tree.leaves(unchecked), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    (row,) = remat.planner.region_choices(p, loss, params, x)
+    assert row["policy"] == str(chosen) and row["predicted_bytes"] > 0 and row["measured_bytes"] > 0
     # saved and loaded: the same split, the same gradients, bitwise
     p.save(tmp_path / "plan.json")
     loaded = remat.Plan.load(tmp_path / "plan.json")
