@@ -142,7 +142,7 @@ def test_splits_pair_the_options_no_other_beats():
     assert pareto_pairs([0.0, 3.0, 1.0, 2.0], [10, 1, 4, 5]) == [(1, 2), (1, 0), (2, 0)]
 
 
-def test_the_default_search_splits_a_stack_where_no_single_option_fits_as_fast(tmp_path):
+def _split_plan():
     loss, (params, x) = scanned_step(depth=DEPTH)
     p = remat.plan(loss, params, x, memory_budget=0.5, measure=False)
     assert p.feasible and p.chosen is not None and p.chosen.temp_bytes is not None
@@ -150,6 +150,16 @@ def test_the_default_search_splits_a_stack_where_no_single_option_fits_as_fast(t
     assert sum(c.compiled is not None for c in p.candidates) <= 6
     (chosen,) = p.chosen.policies
     assert isinstance(chosen, Segments), p.chosen.label  # this budget sits between "nothing" and "dots"
+    return p, chosen, loss, params, x
+
+
+def test_the_default_search_splits_a_stack_where_no_single_option_fits_as_fast():
+    _split_plan()
+
+
+@pytest.mark.slow
+def test_a_planned_split_keeps_the_gradients_and_saves_and_loads(tmp_path):
+    p, chosen, loss, params, x = _split_plan()
     unchecked = jax.grad(apply_policies(loss, (NO_CHECKPOINT,)))(params, x)
     planned = jax.jit(jax.grad(p.apply(loss)))(params, x)
     for a, b in zip(jax.tree.leaves(planned), jax.tree.leaves(unchecked), strict=True):
@@ -167,6 +177,7 @@ def test_the_default_search_splits_a_stack_where_no_single_option_fits_as_fast(t
         jax.grad(loaded.apply(other))(deeper, x)
 
 
+@pytest.mark.slow
 def test_the_oracle_of_a_tiny_stack_holds_the_plans_program():
     """benchmarks.optimality's oracle for the scanned step, on three layers and three
     options (15 compiles): the plan's program is one of the oracle's, it fits, and no

@@ -22,6 +22,7 @@ from remat.planner._fast import fast_search
 from remat.planner._footprint import footprint
 from remat.planner._mixed import mixed_spec, mixed_specs, uniform_costs
 from remat.planner._plan import Plan
+from remat.planner._schedules import schedule_search, start_schedule_costs
 from remat.planner._search import BACKGROUND, LEAN_SLACK, CandidateSearch
 from remat.planner._segments import scanned_bytes, split_note, stack_lengths
 from remat.planner._split_options import with_splits
@@ -79,11 +80,14 @@ def plan(
       exhaustive: compile every candidate of the families (``remat plan --exhaustive``).
         The default, for a step whose regions are all there is to decide (no
         ``remat.scan_layers``, no ``checkpoint_sequential``; a region in a ``lax.scan``'s
-        body is one decision for all its trips), traces each of ``policies`` (and the
+        body is one decision for all its trips, which may also split the stack into two
+        segments), traces each of ``policies`` (and the
         step's ``checkpoint_name`` tags) once on every region, solves for the fastest
         per-region assignment predicted to fit, and compiles only that one to confirm
         (and a few more where it misses, or where the compiled temp bytes show room for
-        a faster one: ``docs/planner.md``, "The default search"); other steps, and
+        a faster one: ``docs/planner.md``, "The default search"); a step whose one decision
+        is a ``remat.scan_layers`` stack weighs its policies and schedules by their model and
+        compiles a few (:mod:`remat.planner._schedules`); other steps, and
         ``exhaustive=True``, compile every candidate.
       second_opinion: the default search also compiles, and times beside its pick, the
         fastest assignment that does without the pick's main policy (the time model's
@@ -104,6 +108,9 @@ def plan(
     surveyed, rates = _surveyed(step_fn, args, rates)
     options = [*policies, *name_groups(surveyed.names), *offload_groups(surveyed.names)]
     costing = _start_costing(step_fn, args, surveyed, options, rates, exhaustive)
+    # a step whose one decision is a remat.scan_layers stack: its schedules' own search
+    stack = None if costing is not None or exhaustive else start_schedule_costs(step_fn, args, surveyed, options,
+                                                                               rates)
     search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache,
                              early_reject and costing is None, lean=budget == 0, progress=progress, rates=rates)
     if budget is None:  # a device limit: the un-checkpointed step compiled first, for the limit's temp share
@@ -111,11 +118,13 @@ def plan(
         budget = _budget_within(search, surveyed, limit_bytes)
     if costing is not None:
         none, pool = _default_search(search, surveyed, budget, costing, second_opinion)
+    elif stack is not None:
+        none, pool = schedule_search(search, surveyed, budget, *stack())
     else:
         none, pool = _family_search(search, surveyed, budget, policies, budget_fractions)
     # budget 0, the leanest: the least temp memory any candidate reached, with LEAN_SLACK
     limit = int(LEAN_SLACK * search.least) if budget == 0 else int(budget * none.compiled_temp_bytes())
-    pool = _settled(search, pool, limit, complete=costing is None)
+    pool = _settled(search, pool, limit, complete=costing is None and stack is None)
     if measure:
         pool = _timed(pool, args, repeat)
     plan_s = time.perf_counter() - started
