@@ -101,3 +101,35 @@ def test_the_default_search_plans_a_scan_nnx_layers_stack():
     planned = jax.jit(jax.grad(p.apply(loss)))(state, x)
     for a, b in zip(jax.tree.leaves(planned), jax.tree.leaves(unchecked), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_a_scan_layers_stack_split_in_two_scans_has_the_unsplit_gradients_bitwise():
+    from remat.planner._segments import Segments
+    from remat.planner.steering import PlanMismatch
+
+    params, x = _step()
+    split = Segments.of(((3, "nothing"), (5, "dots")))
+    g = jax.jit(jax.grad(apply_policies(_loss, (), scan=(split, None))))(params, x)
+    g0 = jax.jit(jax.grad(apply_policies(_loss, (), scan=(NO_CHECKPOINT, None))))(params, x)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g0), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(PlanMismatch) as raised:
+        jax.grad(apply_policies(_loss, (), scan=(Segments.of(((3, "nothing"), (6, "dots"))), None)))(params, x)
+    assert str(raised.value).splitlines()[0].endswith("(9 layers), and the step's has 8")
+
+
+def test_the_default_search_splits_a_scan_layers_stack_and_saves_the_split(tmp_path):
+    from remat.planner._segments import Segments
+
+    params, x = _step()
+    p = remat.plan(_loss, params, x, memory_budget=0.5, measure=False)
+    assert p.chosen is not None and p.chosen.scan is not None and p.chosen.temp_bytes <= p.limit_bytes
+    split, groups = p.chosen.scan
+    assert isinstance(split, Segments) and groups is None, p.chosen.label
+    p.save(tmp_path / "plan.json")
+    loaded = remat.Plan.load(tmp_path / "plan.json")
+    assert loaded.chosen is not None and loaded.chosen.scan[0].parts == split.parts
+    planned = jax.jit(jax.grad(p.apply(_loss)))(params, x)
+    for a, b in zip(jax.tree.leaves(jax.jit(jax.grad(loaded.apply(_loss)))(params, x)), jax.tree.leaves(planned),
+                    strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -13,7 +13,8 @@ from remat.planner._candidate import CandidateSpec, PlanCandidate
 from remat.planner._costs import RegionCosts, start_region_costs
 from remat.planner._families import BINOMIAL_DEPTH, no_checkpoint_spec
 from remat.planner._search import LEAN_SLACK, CandidateSearch
-from remat.planner._segments import scanned_bytes
+from remat.planner._segments import Segments, scanned_bytes
+from remat.planner._split_options import SPLIT_COPIES, pareto_pairs
 from remat.planner.steering import Binomial, Survey, apply_policies
 from remat.policies import NO_CHECKPOINT, is_no_checkpoint, policy_name
 
@@ -80,7 +81,10 @@ def scan_options(costs: RegionCosts, depth: int, groups: Sequence[Any], split_by
     with every one of ``groups``, costed from one layer's costs: its kept bytes and recompute
     time under each policy, its input (what ``"nothing"`` keeps) and its working set
     (what it keeps un-checkpointed). Each level of nesting recomputes every layer's
-    forward once more (``"nothing"``'s recompute time).
+    forward once more (``"nothing"``'s recompute time). Besides, the stack split into two
+    flat scans, ``k`` layers of a leaner policy and the rest of a faster one, for every
+    ``k`` and every pair of :func:`remat.planner._split_options.pareto_pairs` (with
+    :data:`~remat.planner._split_options.SPLIT_COPIES` copies of the stacked weights).
 
     Args:
       costs: one layer's costs (the stack's scanned body), per trip.
@@ -102,6 +106,13 @@ def scan_options(costs: RegionCosts, depth: int, groups: Sequence[Any], split_by
             out.append(ScanOption(policy, g, schedule,
                                   schedule_bytes(schedule, kept[j], layer_input, working, split_bytes),
                                   depth * (ms[j] + levels * forward_ms)))
+    # the stack split in two flat scans, a leaner policy on the first k layers, a faster one on the rest
+    for a, b in pareto_pairs(ms, kept):
+        for k in range(1, depth):
+            split = Segments.of(((k, costs.options[a]), (depth - k, costs.options[b])))
+            out.append(ScanOption(split, None, depth,
+                                  k * kept[a] + (depth - k) * kept[b] + working + SPLIT_COPIES * split_bytes,
+                                  k * ms[a] + (depth - k) * ms[b]))
     return out
 
 

@@ -92,6 +92,9 @@ def _scan_choice(choice: tuple[Any, Any] | None) -> Iterator[list[int]]:
         if choice is None:
             return policy, groups
         new_policy, new_groups = choice
+        if isinstance(new_policy, Segments) and new_policy.length != depth:
+            raise PlanMismatch(f"the plan does not match this step: it splits a scan over layers into {new_policy} "
+                               f"({new_policy.length} layers), and the step's has {depth}")
         if isinstance(new_groups, Binomial):
             schedule = _scan.binomial_schedule(depth, new_groups.levels)
             new_groups = None if isinstance(schedule, int) else schedule
