@@ -194,3 +194,15 @@ def test_the_oracle_of_a_tiny_stack_holds_the_plans_program():
     assert p.chosen is not None and p.chosen.temp_bytes <= 0.5 * none["temp_bytes"]
     assert p.chosen.program in {r["program"] for r in oracle}
     assert min(r["temp_bytes"] for r in oracle) <= p.chosen.temp_bytes
+
+
+def test_why_says_in_one_line_why_a_scanned_stack_was_not_split():
+    def two_regions(params, x):
+        def body(h, w):
+            return remat.checkpoint(_block, w, remat.checkpoint(_block, w, h)), None
+        return jnp.mean(jax.lax.scan(body, x, params)[0] ** 2)
+
+    p = remat.plan(two_regions, _stack(), X, memory_budget=0.5, measure=False)
+    assert not any(isinstance(s, Segments) for c in p.candidates for s in c.policies)
+    assert "segment splits not considered for region 0: its scan body holds other regions too " \
+           "(a split would give them all one split)" in p.why()

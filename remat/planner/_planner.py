@@ -164,7 +164,8 @@ def _result(pool: list[PlanCandidate], none: PlanCandidate, surveyed: Survey, li
                 compile_s=none.compile_s, memory_limit_bytes=limit_bytes,
                 device_bytes=on_device.device_bytes if chosen is not None else None,
                 footprint=on_device, region_paths=tuple(surveyed.paths), not_offloaded=offload_note(surveyed.names),
-                not_split=split_note(stack_lengths(surveyed.jaxpr)))
+                # a remat.scan_layers stack's own checkpoints are no regions to name
+                not_split=None if surveyed.scan_depths else split_note(stack_lengths(surveyed.jaxpr)))
 
 
 def _checked_limit(budget: Any, limit: Any) -> tuple[float | None, int | None]:
