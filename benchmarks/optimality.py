@@ -5,7 +5,9 @@ and the CNN of ``models/`` at depth 4 (``--quick``) or 4 and 5 (the CNN at 3, th
 its 8x8 images allow), and the two four-block steps of :mod:`benchmarks.foreign_steps`
 (written outside ``models/``, planned at that module's ``BUDGETS``), compiles every per-region
 assignment over ``{no_checkpoint, nothing, dots_no_batch, dots}`` (4**depth programs) and
-the whole step checkpointed around each uniform assignment, keeps the compiled temp bytes
+the whole step checkpointed around each uniform assignment (for ``scanned``, the six-layer
+``lax.scan`` of :mod:`benchmarks.scanned_oracle`: each of seven options on the whole stack
+and every split of it into two segments with different options), keeps the compiled temp bytes
 of each, then plans the step at budgets 0, 0.25, 0.5 and 0.75. The plans' programs and
 every oracle program that fits the largest budget (or is among the leanest, for budget 0)
 are timed side by side in one interleaved run
@@ -48,6 +50,10 @@ def _task(model: str, depth: int):
 
     if model in STEPS:  # written outside remat.models, at their own fixed depth of four blocks
         return STEPS[model](seed=0)
+    if model == "scanned":  # one lax.scan over a stack of six layers
+        from benchmarks.scanned_oracle import scanned_step
+
+        return scanned_step(depth=depth)
     return pure_step_loss(make_task(model, depth=depth, seed=0, **SIZES[model]))
 
 
@@ -63,15 +69,24 @@ def _assignments(n: int) -> list[tuple[str, tuple[str, ...], bool]]:
     return out
 
 
-def _compile_oracle(loss, step_args, n: int, log) -> list[dict]:
-    """Compiles every assignment once per distinct lowering; returns label, temp bytes, program."""
+def _oracle_assignments(model: str, depth: int, n: int) -> list[tuple[str, tuple, bool]]:
+    """The scanned stack's: every option on it and every split into two segments
+    (:func:`benchmarks.scanned_oracle.assignments`); another model's, every per-region one."""
+    if model == "scanned":
+        from benchmarks.scanned_oracle import assignments
+
+        return assignments(depth)
+    return _assignments(n)
+
+
+def _compile_oracle(loss, step_args, todo: list[tuple[str, tuple, bool]], log) -> list[dict]:
+    """Compiles every assignment of ``todo`` once per distinct lowering; returns label, temp bytes, program."""
     from remat.analysis.compiled import CompiledMemory
     from remat.planner._search import compile_all
     from remat.planner.programs import lower_step, lowered_fingerprint, program_fingerprint
     from remat.planner.steering import apply_policies
 
     rows, compiled_by_key, pending = [], {}, []
-    todo = _assignments(n)
     for i, (label, specs, whole) in enumerate(todo):
         lowered = lower_step(apply_policies(loss, specs, whole_step=whole), step_args)
         key = lowered_fingerprint(lowered)
@@ -100,9 +115,10 @@ def run_one(model: str, depth: int, repeat: int, log, budgets: tuple[float, ...]
     loss, step_args = _task(model, depth)
     n = count_regions(loss, *step_args)
     t0 = time.perf_counter()
-    oracle = _compile_oracle(loss, step_args, n, log)
+    oracle = _compile_oracle(loss, step_args, _oracle_assignments(model, depth, n), log)
     oracle_s = time.perf_counter() - t0
-    none_temp = next(r["temp_bytes"] for r in oracle if r["label"] == ", ".join(["no_checkpoint"] * n))
+    none_temp = next(r["temp_bytes"] for r in oracle if r["label"] == ", ".join(["no_checkpoint"] * n)
+                     and not r["whole_step"])
     least = min(r["temp_bytes"] for r in oracle)
     cache: dict = {}
     plans = {}
@@ -194,14 +210,16 @@ def markdown(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.optimality", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="depth 4 only")
-    parser.add_argument("--models", default="mlp,transformer,cnn,mixed,unequal",
-                        help="registry models and the steps of benchmarks.foreign_steps")
+    parser.add_argument("--models", default="mlp,transformer,cnn,mixed,unequal,scanned",
+                        help="registry models, the steps of benchmarks.foreign_steps, and scanned "
+                             "(benchmarks.scanned_oracle: a six-layer lax.scan, every two-segment split)")
     parser.add_argument("--out", default="bench-out")
     parser.add_argument("--repeat", type=int, default=7, help="interleaved timing rounds (medians)")
     add_results_argument(parser)
     args = parser.parse_args(argv)
     from benchmarks.foreign_steps import BUDGETS as FOREIGN_BUDGETS
     from benchmarks.foreign_steps import STEPS
+    from benchmarks.scanned_oracle import DEPTH as SCANNED_DEPTH
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -209,14 +227,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for model in args.models.split(","):
         # the CNN pools 2x per block: its 8x8 images allow at most 3 blocks
-        for depth in ((3,) if model == "cnn" else (4,) if args.quick or model in STEPS else (4, 5)):
+        depths = (3,) if model == "cnn" else (SCANNED_DEPTH,) if model == "scanned" else (4,) \
+            if args.quick or model in STEPS else (4, 5)
+        for depth in depths:
             rows += run_one(model, depth, args.repeat, log, FOREIGN_BUDGETS if model in STEPS else BUDGETS)
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "optimality.json"), "w") as f:
                 json.dump(rows, f, indent=1)
     with open(os.path.join(args.out, "optimality.md"), "w") as f:
         f.write(markdown(rows))
-    write_result(args.results, "optimality-quick" if args.quick else "optimality", markdown(rows), argv,
+    name = "optimality-scanned" if args.models == "scanned" else "optimality-quick" if args.quick else "optimality"
+    write_result(args.results, name, markdown(rows), argv,
                  "benchmarks.optimality")
     print(markdown(rows))
     return 0

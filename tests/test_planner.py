@@ -120,7 +120,7 @@ def test_plan_chooses_the_scan_policy_and_segment_length():
 
     step, params, x = _scan_step()
     assert scan_depths(step, params, x) == [8] and count_regions(step, params, x) == 0
-    p = plan(step, params, x, memory_budget=0.6, measure=False)
+    p = plan(step, params, x, memory_budget=0.6, measure=False, exhaustive=True)  # every schedule compiled
     labels = {c.label for c in p.candidates}
     for policy in ("nothing", "dots_no_batch", "dots"):
         assert {f"scan: {policy}, flat", f"scan: {policy}, 2 groups", f"scan: {policy}, 4 groups"} <= labels
@@ -217,7 +217,7 @@ def test_plan_weighs_binomial_scan_schedules():
     from remat.scan import binomial_schedule
 
     step, params, x = _scan_step()
-    p = plan(step, params, x, memory_budget=1.0, measure=False, policies=("nothing",))
+    p = plan(step, params, x, memory_budget=1.0, measure=False, policies=("nothing",), exhaustive=True)
     by_label = {c.label: c for c in p.candidates}
     for levels in (1, 2):
         c = by_label[f"scan: nothing, binomial(levels={levels}) {binomial_schedule(8, levels)}"]

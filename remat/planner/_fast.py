@@ -14,6 +14,7 @@ from remat.planner._candidate import CandidateSpec, PlanCandidate
 from remat.planner._costs import RegionCosts
 from remat.planner._families import no_checkpoint_spec
 from remat.planner._search import LEAN_SLACK, CandidateSearch
+from remat.planner._segments import Segments
 from remat.planner.steering import Survey
 from remat.policies import is_no_checkpoint, policy_name
 
@@ -322,7 +323,8 @@ def _supersede(state: FastSearch, scaled: RegionModel, picks: list[Assignment]) 
 def _shown(state: FastSearch) -> list[PlanCandidate]:
     """Every option on all regions, and the model's runner-up: predicted, not compiled."""
     model, n = state.model, len(state.model.options)
-    shown = [_estimated(state.search, model, model.assignment((j,) * n)) for j in range(1, len(model.policies))]
+    shown = [_estimated(state.search, model, model.assignment((j,) * n)) for j in range(1, len(model.policies))
+             if not isinstance(model.policies[j], Segments)]  # splits: one region's, shown if the runner-up
     shown = [c for c in shown if c.label not in state.finalists]
     best = _fastest(model, state.bound)
     if best is not None:

@@ -41,6 +41,8 @@ class Plan:
       foreign_regions: the positions of the regions written with ``jax.checkpoint``,
         ``nnx.remat`` or ``nn.remat`` (their paths name the transform, the function and
         its number of inputs); the others are ``remat.checkpoint`` regions.
+      not_split: why a scanned region was not offered segment splits, in one line
+        (None: every scanned region was, or none is in a scan).
     """
 
     memory_budget: float
@@ -59,6 +61,7 @@ class Plan:
     region_paths: tuple[Any, ...] | None = None
     not_offloaded: str | None = None
     foreign_regions: tuple[int, ...] = ()
+    not_split: str | None = None
 
     def apply(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
         """``step_fn`` with the plan's choice for every checkpointed region (at trace time).
@@ -130,9 +133,10 @@ class Plan:
 
     def why(self) -> list[str]:
         """What the alternatives would have cost: the runner-up's time, the nearest faster
-        candidate's bytes over the limit; and why host offload was not weighed, if it was not."""
+        candidate's bytes over the limit; and why host offload or a scanned stack's segment
+        splits were not weighed, if they were not."""
         lines: list[str] = []
-        note = [self.not_offloaded] if self.not_offloaded is not None else []
+        note = [n for n in (self.not_offloaded, self.not_split) if n is not None]
         if self.chosen is None:
             return note
         up = self.runner_up

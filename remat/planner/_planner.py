@@ -22,7 +22,10 @@ from remat.planner._fast import fast_search
 from remat.planner._footprint import footprint
 from remat.planner._mixed import mixed_spec, mixed_specs, uniform_costs
 from remat.planner._plan import Plan
+from remat.planner._schedules import schedule_search, start_schedule_costs
 from remat.planner._search import BACKGROUND, LEAN_SLACK, CandidateSearch
+from remat.planner._segments import scanned_bytes, split_note, stack_lengths
+from remat.planner._split_options import with_splits
 from remat.planner._units import parse_bytes
 from remat.planner.programs import time_side_by_side
 from remat.planner.steering import Survey, survey
@@ -79,11 +82,14 @@ def plan(
       exhaustive: compile every candidate of the families (``remat plan --exhaustive``).
         The default, for a step whose regions are all there is to decide (no
         ``remat.scan_layers``, no ``checkpoint_sequential``; a region in a ``lax.scan``'s
-        body is one decision for all its trips), traces each of ``policies`` (and the
+        body is one decision for all its trips, which may also split the stack into two
+        segments), traces each of ``policies`` (and the
         step's ``checkpoint_name`` tags) once on every region, solves for the fastest
         per-region assignment predicted to fit, and compiles only that one to confirm
         (and a few more where it misses, or where the compiled temp bytes show room for
-        a faster one: ``docs/planner.md``, "The default search"); other steps, and
+        a faster one: ``docs/planner.md``, "The default search"); a step whose one decision
+        is a ``remat.scan_layers`` stack weighs its policies and schedules by their model and
+        compiles a few (:mod:`remat.planner._schedules`); other steps, and
         ``exhaustive=True``, compile every candidate.
       second_opinion: the default search also compiles, and times beside its pick, the
         fastest assignment that does without the pick's main policy (the time model's
@@ -104,6 +110,9 @@ def plan(
     surveyed, rates = _surveyed(step_fn, args, rates)
     options = [*policies, *name_groups(surveyed.names), *offload_groups(surveyed.names)]
     costing = _start_costing(step_fn, args, surveyed, options, rates, exhaustive)
+    # a step whose one decision is a remat.scan_layers stack: its schedules' own search
+    stack = None if costing is not None or exhaustive else start_schedule_costs(step_fn, args, surveyed, options,
+                                                                               rates)
     search = CandidateSearch(step_fn, args, argnums, {} if cache is None else cache,
                              early_reject and costing is None, lean=budget == 0, progress=progress, rates=rates)
     search.foreign = surveyed.foreign
@@ -112,11 +121,13 @@ def plan(
         budget = _budget_within(search, surveyed, limit_bytes)
     if costing is not None:
         none, pool = _default_search(search, surveyed, budget, costing, second_opinion)
+    elif stack is not None:
+        none, pool = schedule_search(search, surveyed, budget, *stack())
     else:
         none, pool = _family_search(search, surveyed, budget, policies, budget_fractions)
     # budget 0, the leanest: the least temp memory any candidate reached, with LEAN_SLACK
     limit = int(LEAN_SLACK * search.least) if budget == 0 else int(budget * none.compiled_temp_bytes())
-    pool = _settled(search, pool, limit, complete=costing is None)
+    pool = _settled(search, pool, limit, complete=costing is None and stack is None)
     if measure:
         pool = _timed(pool, args, repeat)
     plan_s = time.perf_counter() - started
@@ -157,7 +168,9 @@ def _result(pool: list[PlanCandidate], none: PlanCandidate, surveyed: Survey, li
                 compile_s=none.compile_s, memory_limit_bytes=limit_bytes,
                 device_bytes=on_device.device_bytes if chosen is not None else None,
                 footprint=on_device, region_paths=tuple(surveyed.paths), not_offloaded=offload_note(surveyed.names),
-                foreign_regions=surveyed.foreign)
+                foreign_regions=surveyed.foreign,
+                # a remat.scan_layers stack's own checkpoints are no regions to name
+                not_split=None if surveyed.scan_depths else split_note(stack_lengths(surveyed.jaxpr)))
 
 
 def _checked_limit(budget: Any, limit: Any) -> tuple[float | None, int | None]:
@@ -215,7 +228,9 @@ def _default_search(search: CandidateSearch, surveyed: Survey, budget: float, co
     # its residual bytes come with the regions' costs, not from a trace of its own
     search.cache.setdefault(unchecked.label, PlanCandidate(unchecked.label, unchecked.policies))
     waiting = search.start([unchecked])  # compiles while the regions are costed and the pick is made
-    none, pool = fast_search(search, surveyed, budget, costing(), waiting, second_opinion)
+    # a scanned stack may also be split into two segments with options of their own
+    costs, _ = with_splits(costing(), stack_lengths(surveyed.jaxpr), scanned_bytes(surveyed.jaxpr))
+    none, pool = fast_search(search, surveyed, budget, costs, waiting, second_opinion)
     seen = {c.label for c in pool} | {none.label}
     earlier = [c for c in search.cache.values() if c.compiled is not None and c.label not in seen
                and c.scan is None and c.sequential is None and len(c.policies) == surveyed.regions]

@@ -7,9 +7,10 @@ from typing import Any
 from remat._core.apply import region_paths
 from remat.analysis import saved_residuals
 from remat.analysis.machine import current_rates
-from remat.planner._costs import region_costs
+from remat.planner._costs import RegionCosts, region_costs
 from remat.planner._foreign import path_text
 from remat.planner._plan import Plan
+from remat.planner._segments import Segments
 from remat.planner.steering import AS_WRITTEN, apply_policies
 from remat.policies import policy_name
 
@@ -45,7 +46,9 @@ def region_choices(plan: Plan, step_fn: Callable[..., Any], *args: Any) -> list[
     paths = list(plan.region_paths) if plan.region_paths is not None else region_paths(step_fn, *args)
     foreign = plan.foreign_regions
     base = saved_residuals(apply_policies(step_fn, ("nothing",) * n, foreign=foreign), *args).residual_bytes
-    options = list({policy_name(p): p for p in ("nothing", *chosen.policies) if policy_name(p) != AS_WRITTEN}.items())
+    # a split region is costed by its parts' options, layer by layer
+    parts = [o for p in chosen.policies for _, o in (p.parts if isinstance(p, Segments) else ((1, p),))]
+    options = list({policy_name(p): p for p in ("nothing", *parts) if policy_name(p) != AS_WRITTEN}.items())
     # only the kept bytes are read, which no rate changes
     costs = region_costs(step_fn, args, n, [p for _, p in options], rates=current_rates())
     column = {label: j for j, (label, _) in enumerate(options)}
@@ -54,10 +57,18 @@ def region_choices(plan: Plan, step_fn: Callable[..., Any], *args: Any) -> list[
         label = policy_name(spec)
         alone = ("nothing",) * i + (spec,) + ("nothing",) * (n - i - 1)
         measured = saved_residuals(apply_policies(step_fn, alone, foreign=foreign), *args).residual_bytes - base
-        predicted = ((costs.kept[i][column[label]] - costs.kept[i][0]) * costs.runs(i)
-                     if costs is not None and label in column else None)
+        predicted = _predicted(costs, i, spec, column)
         path = paths[i] if i < len(paths) else None
         text = None if path is None else path_text(path) if i in foreign else ".".join(map(str, path))
         out.append({"index": i, "path": text, "policy": label,
                     "predicted_bytes": None if predicted is None else int(predicted), "measured_bytes": measured})
     return out
+
+
+def _predicted(costs: RegionCosts | None, i: int, spec: Any, column: dict[str, int]) -> float | None:
+    """Region ``i``'s kept bytes under ``spec`` above ``"nothing"``'s (column 0), for all its
+    runs; a split's, its parts' for their layers (None: not costed)."""
+    parts = spec.parts if isinstance(spec, Segments) else ((costs.runs(i) if costs is not None else 1, spec),)
+    if costs is None or any(policy_name(o) not in column for _, o in parts):
+        return None
+    return sum(count * (costs.kept[i][column[policy_name(o)]] - costs.kept[i][0]) for count, o in parts)

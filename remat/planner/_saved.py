@@ -7,6 +7,7 @@ from typing import Any
 
 from remat.analysis.budget import ResidualBudget
 from remat.planner._candidate import PlanCandidate
+from remat.planner._segments import PREFIX, Segments
 from remat.planner.steering import AS_WRITTEN, Binomial
 from remat.policies import NO_CHECKPOINT, offload_names, policy_name, resolve_policy
 
@@ -80,6 +81,8 @@ def option(name: str) -> Any:
       ('attn_out', 'mlp_hidden')
       >>> option("offload:attn_out")
       offload_names('attn_out')
+      >>> option("layers 0-1: nothing; 2-5: dots").parts
+      ((2, 'nothing'), (4, 'dots'))
     """
     if name == policy_name(NO_CHECKPOINT):
         return NO_CHECKPOINT
@@ -89,6 +92,8 @@ def option(name: str) -> Any:
         return tuple(name[len("names:"):].split(","))
     if name.startswith("offload:"):
         return offload_names(*name[len("offload:"):].split(","))
+    if name.startswith(PREFIX):  # a scanned stack split into segments
+        return Segments.parse(name, option)
     budget = _BUDGET.match(name)
     if budget is not None:
         return ResidualBudget(float(budget.group(1)))

@@ -16,6 +16,7 @@ from remat._core.options import CheckpointOptions
 from remat._core.residuals import names_in_jaxpr
 from remat.planner import _foreign
 from remat.planner._foreign import AS_WRITTEN
+from remat.planner._segments import Segments, split_step
 from remat.policies import is_no_checkpoint, policy_name, resolve_policy
 
 
@@ -145,6 +146,9 @@ def _scan_choice(choice: tuple[Any, Any] | None) -> Iterator[list[int]]:
         if choice is None:
             return policy, groups
         new_policy, new_groups = choice
+        if isinstance(new_policy, Segments) and new_policy.length != depth:
+            raise PlanMismatch(f"the plan does not match this step: it splits a scan over layers into {new_policy} "
+                               f"({new_policy.length} layers), and the step's has {depth}")
         if isinstance(new_groups, Binomial):
             schedule = _scan.binomial_schedule(depth, new_groups.levels)
             new_groups = None if isinstance(schedule, int) else schedule
@@ -185,8 +189,20 @@ def apply_policies(step_fn: Callable[..., Any], policies: Sequence[Any],
     ``foreign``: the positions of the regions written with ``jax.checkpoint``, ``nnx.remat``
     or ``nn.remat`` (:attr:`Survey.foreign`), which the step's jaxpr shows rather than remat
     (:func:`_foreign_policies`); the others are ``remat.checkpoint`` regions, in order.
+    A region's :class:`remat.planner._segments.Segments` runs its scan as consecutive
+    scans, one per part (:func:`remat.planner._segments.split_step`).
     """
-    policies, theirs = tuple(policies), tuple(foreign)
+    policies = tuple(policies)
+    splits = {i: p for i, p in enumerate(policies) if isinstance(p, Segments)}
+    if splits:
+        def uniform(options: dict[int, Any]) -> Callable[..., Any]:
+            return apply_policies(step_fn, tuple(options.get(i, p) for i, p in enumerate(policies)), scan,
+                                  sequential, paths=paths, foreign=foreign)
+
+        planned_split = split_step(uniform, splits, PlanMismatch)
+        planned_split.__name__ = getattr(step_fn, "__name__", "step")
+        return checkpoint(planned_split, policy="nothing") if whole_step else planned_split
+    theirs = tuple(foreign)
     own = [i for i in range(max(len(policies), len(paths or ()))) if i not in set(theirs)]
     own_policies = tuple(policies[i] for i in own if i < len(policies))
     own_paths = None if paths is None else [paths[i] for i in own if i < len(paths)]

@@ -136,6 +136,23 @@ def _run(depth: int, groups: int | Schedule | None, step: Callable, params: Any,
     return _run_schedule(groups, step, params, x, unroll)
 
 
+def _planned_run(depth: int, policy: Any, groups: int | Schedule | None, step: Callable, params: Any, x: Any,
+                 unroll: int) -> tuple[Any, Any]:
+    """``step`` (``(h, p_i) -> (h, y_i)``) checkpointed with ``policy`` and run as ``groups``
+    says (:func:`_run`). A policy with ``parts``, ``((count, policy), ...)`` summing to the
+    depth (a planner's split of the stack, :class:`remat.planner._segments.Segments`), runs
+    as consecutive flat scans, one per part with its own policy, over consecutive slices
+    of ``params``."""
+    parts = getattr(policy, "parts", None)
+    if parts is None:
+        return _run(depth, groups, _maybe_checkpoint(step, policy), params, x, unroll)
+    ys = []
+    for (_, part_policy), piece in zip(parts, _split(params, [count for count, _ in parts])):
+        x, y = lax.scan(_maybe_checkpoint(step, part_policy), x, piece, unroll=unroll)
+        ys.append(y)
+    return x, _concat(ys)
+
+
 def _scan_plan(depth: int, policy: Any, segments: Any, nested: bool,
                levels: int | None = None) -> tuple[Any, int | Schedule | None]:
     """``(policy, groups)`` of one scan: as called, or as a planner re-decides it.
@@ -210,6 +227,5 @@ def scan_layers(
     def step(h, p):
         return layer(p, h), None
 
-    step = _maybe_checkpoint(step, policy)
-    out, _ = _run(depth, groups, step, params, x, unroll)
+    out, _ = _planned_run(depth, policy, groups, step, params, x, unroll)
     return out

@@ -6,7 +6,7 @@ from typing import Any
 
 import jax
 
-from remat.scan.layers import _depth, _maybe_checkpoint, _run, _scan_plan, scan_layers
+from remat.scan.layers import _depth, _planned_run, _scan_plan, scan_layers
 from remat.scan.schedules import Schedule
 
 __all__ = ["scan_nnx_layers", "stack_nnx_layers"]
@@ -110,7 +110,6 @@ def scan_nnx_layers(
     def step(h, p):
         return layer(p, h)
 
-    step = _maybe_checkpoint(step, policy)
-    out, new_rest = _run(depth, groups, step, (params, rest), x, 1)
+    out, new_rest = _planned_run(depth, policy, groups, step, (params, rest), x, 1)
     nnx.update(layers, new_rest)
     return out
