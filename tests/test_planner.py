@@ -67,7 +67,7 @@ def test_plan_rejects_bad_budgets(bad):
 
 
 def test_plan_needs_a_checkpointed_region():
-    with pytest.raises(ValueError, match="no remat.checkpoint region"):
+    with pytest.raises(ValueError, match="no checkpointed region"):
         plan(lambda x: (x**2).sum(), X, memory_budget=0.5)
 
 
