@@ -319,6 +319,34 @@ def _supersede(state: FastSearch, scaled: RegionModel, picks: list[Assignment]) 
             state.finalists[label] = dataclasses.replace(state.finalists[label], superseded=True)
 
 
+#: Predicted step times further apart than this fraction are told apart without timing:
+#: twice the time model's largest error on a whole step measured so far
+#: (``benchmarks.recompute``, docs/planner.md, "The time model against measured steps").
+TIME_ERROR = 0.1
+
+
+def outpaced(pool: list[PlanCandidate]) -> list[PlanCandidate]:
+    """``pool`` with the fitting candidates predicted more than :data:`TIME_ERROR` slower
+    than the predicted-fastest fitting one marked superseded: not timed, not chosen.
+
+    Timing a candidate costs a full compile (the search compiles for memory alone) and
+    several runs of the step, more than the whole search where one step takes seconds; the
+    time model tells apart what it predicts that far apart. A candidate's prediction is
+    the per-region model's (``estimated_ms``), else its compile's (``predicted_ms``: the
+    un-checkpointed step's, which the model's times are built on).
+    """
+    contending = [c for c in pool if c.contends and _predicted(c) is not None]
+    if len(contending) < 2:
+        return pool
+    fastest = min(_predicted(c) or 0.0 for c in contending)
+    slow = {c.label for c in contending if (_predicted(c) or 0.0) > (1 + TIME_ERROR) * fastest}
+    return [dataclasses.replace(c, superseded=True) if c.label in slow else c for c in pool]
+
+
+def _predicted(c: PlanCandidate) -> float | None:
+    return c.estimated_ms if c.estimated_ms is not None else c.predicted_ms
+
+
 def _shown(state: FastSearch) -> list[PlanCandidate]:
     """Every option on all regions, and the model's runner-up: predicted, not compiled."""
     model, n = state.model, len(state.model.options)
