@@ -430,3 +430,50 @@ def test_the_fastest_without_an_option_never_takes_it(monkeypatch):
     best = _fast._fastest(model, 8.0)
     assert best.choice == (2, 2, 0) and best.ms == 4.0
     assert _fast._other(model, 8.0, best).choice == (1, 1, 0)
+
+
+def test_kept_bytes_leave_out_residuals_fused_reads_recompute_and_match_the_compiled_step():
+    import jax
+
+    from remat import checkpoint
+    from remat.analysis.compiled import compiled_step
+    from remat.planner.steering import apply_policies
+
+    # jax.vjp of tanh keeps its output t and 1 - t**2; XLA computes the second where the
+    # backward reads it (a cheap element-wise op of a kept value), never storing it.
+    # GELU's tanh is not recomputed (a transcendental): it stays kept beside its input
+    def chain(w, x):
+        return jnp.tanh(jnp.tanh(x @ w) @ w)
+
+    def gelu(w, x):
+        return jax.nn.gelu(x @ w, approximate=True) @ w
+
+    w, x = jnp.eye(256) * 0.5, jnp.ones((1024, 256))
+    for block in (chain, gelu):
+        def step(w, x, block=block):
+            return jnp.sum(checkpoint(block, w, checkpoint(block, w, x)))
+
+        none = region_costs(step, (w, x), 2, [NONE], rates=current_rates()).kept
+        # each region stores two values of x's size (chain: the two tanh outputs) or three
+        # (GELU: the matmul's output, its tanh, and the GELU the second matmul reads), the
+        # second also its input (the first's is an argument)
+        stored = 2 if block is chain else 3
+        assert none == [[stored * x.nbytes], [(stored + 1) * x.nbytes]]
+        # the un-checkpointed step's compiled temp bytes hold those, not the residuals JAX lists
+        temp = compiled_step(apply_policies(step, (NONE, NONE)), w, x).memory.temp_bytes
+        assert sum(k for (k,) in none) <= temp <= sum(k for (k,) in none) + 2 * x.nbytes
+
+
+def test_fitting_candidates_predicted_far_slower_than_the_fastest_are_not_timed():
+    from remat.planner._candidate import PlanCandidate
+    from remat.planner._fast import TIME_ERROR, outpaced
+
+    def fitting(label, ms, model=True):
+        return PlanCandidate(label, (), temp_bytes=1, fits=True, predicted_ms=1.0 if model else ms,
+                             estimated_ms=ms if model else None)
+
+    pool = [fitting("fast", 100.0), fitting("close", 100.0 * (1 + TIME_ERROR) - 1), fitting("slow", 120.0),
+            fitting("none", 130.0, model=False), PlanCandidate("over", (), temp_bytes=9, fits=False, estimated_ms=1.0)]
+    marked = {c.label: c.superseded for c in outpaced(pool)}
+    assert marked == {"fast": False, "close": False, "slow": True, "none": True, "over": False}
+    assert outpaced(pool[:1]) == pool[:1]

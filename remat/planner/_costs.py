@@ -168,19 +168,28 @@ def _materialized(jaxpr: Any, held: list[Any], given: set[Any]) -> list[Any]:
     """The residuals of ``held`` that XLA keeps in memory: not those that fused operations
     compute from the others (and from ``given``, what the step holds anyway).
 
-    A residual that element-wise operations compute from other residuals (``1 - tanh(x)**2``
-    from ``tanh(x)``, GELU's terms from its input) fuses into the backward pass's fusions
-    that read it: XLA recomputes it there and never stores it, so it costs no bytes. The
+    A residual that cheap element-wise operations compute from other residuals
+    (``1 - tanh(x)**2`` from ``tanh(x)``) fuses into the backward pass's fusions that read
+    it: XLA recomputes it there and never stores it, so it costs no bytes; one that a
+    matmul reads (:data:`_LIBRARY_CALLS`) is stored. The
     latest residuals are weighed first, each against the others still kept, so of values
     derived from one another the earliest (the one the others derive from) stays.
     """
     producer = {v: e for e in jaxpr.eqns for v in e.outvars}
     order = {v: i for i, e in enumerate(jaxpr.eqns) for v in e.outvars}
+    # a value a library call reads (a matmul, a convolution) is a buffer of its own, not fused
+    operands = {v for e in jaxpr.eqns if e.primitive.name in _LIBRARY_CALLS or any(True for _ in xb.eqn_subjaxprs(e))
+                for v in e.invars if not xb.is_literal(v)}
     stored = set(held)
     for r in sorted(held, key=lambda v: order.get(v, -1), reverse=True):
-        if _fusible(r, (stored - {r}) | given, producer, {}):
+        if r not in operands and _fusible(r, (stored - {r}) | given, producer, {}):
             stored.discard(r)
     return [v for v in held if v in stored]
+
+
+#: Operations XLA:CPU runs as library calls, which read their operands from buffers:
+#: a value one of them reads is stored, whatever computes it.
+_LIBRARY_CALLS = frozenset({"dot_general", "conv_general_dilated"})
 
 
 #: Element-wise operations XLA does not compute twice to fuse them into a second reader
