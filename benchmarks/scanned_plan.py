@@ -3,11 +3,13 @@
 A pure-JAX decoder layer (RMS norm, causal attention, SwiGLU MLP, the attention output
 and the MLP hidden tagged with ``checkpoint_name``), checkpointed with
 ``remat.checkpoint`` inside the body of one ``lax.scan`` over its stacked weights.
-Prints one JSON line: ``plan_s`` (``remat.plan``'s default search, rates calibrated
-beforehand; with ``--no-measure`` the fitting candidates are not timed), ``jit_s`` (the
-median of three times to trace, lower and compile ``jax.jit(jax.grad(step))`` alone,
-before and after the plan), the plan chosen, how many programs it compiled, and whether
-it fits.
+At each of ``--budgets`` (0.5 and 0.25), ``--runs`` times (3), on a step built afresh:
+``jit_s``, the seconds to trace, lower and compile ``jax.jit(jax.grad(step))`` alone
+(:func:`remat.cli.plan.jit_seconds`), then ``plan_s``, ``remat.plan``'s with the default
+options (rates calibrated beforehand, once per process; ``--no-measure``: the fitting
+candidates are not timed). Writes ``docs/results/scanned-plan.md`` (the medians, and each
+run's ratio) and prints one JSON line: the budget with the largest median ratio, each
+budget's medians (``budgets``) and every run (``rows``).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 import remat
+from benchmarks.results import add_results_argument, write_result
 
 
 def rms(x: Any, g: Any) -> Any:
@@ -63,42 +66,65 @@ def scanned_step(depth: int, width: int, heads: int, mlp: int, vocab: int, batch
     return loss, params, jax.random.randint(next(ks), (batch, seq), 0, vocab)
 
 
-def jit_seconds(loss: Any, params: Any, ids: Any) -> float:
-    """Seconds to trace, lower and compile ``jax.jit(jax.grad(loss))`` (a fresh function: no cache)."""
-    started = time.perf_counter()
-    jax.jit(jax.grad(lambda p, i: loss(p, i))).lower(params, ids).compile()
-    return time.perf_counter() - started
-
-
 def measure(budget: float, timed: bool = True, **sizes: int) -> dict[str, Any]:
-    """The plan's and the jit's seconds, side by side in this process (``timed``: the
-    plan times its fitting candidates, ``remat.plan(measure=)``)."""
+    """The plan's and the jit's seconds, side by side in this process, on a step built
+    afresh (no trace or compile shared with an earlier run): ``jit_s`` first, alone, then
+    the plan (``timed``: the plan times its fitting candidates, ``remat.plan(measure=)``)."""
     from remat.analysis.machine import calibrate_once
+    from remat.cli.plan import jit_seconds
 
     loss, params, ids = scanned_step(**sizes)
     calibrate_once()  # once per process: not a cost of planning this step
-    jits = [jit_seconds(loss, params, ids)]
+    jit_s = jit_seconds(loss, (params, ids))
     started = time.perf_counter()
     p = remat.plan(loss, params, ids, memory_budget=budget, measure=timed)
     plan_s = time.perf_counter() - started
-    jits += [jit_seconds(loss, params, ids) for _ in range(2)]
     chosen = p.chosen
-    return {"plan_s": plan_s, "jit_s": statistics.median(jits), "regions": p.num_regions,
+    return {"budget": budget, "plan_s": plan_s, "jit_s": jit_s, "ratio": plan_s / jit_s, "regions": p.num_regions,
             "chosen": None if chosen is None else chosen.label,
             "compiled": sum(c.compiled is not None for c in p.candidates),
+            "timed": sum(c.measured_ms is not None for c in p.candidates),
             "fits": chosen is not None and chosen.temp_bytes is not None and chosen.temp_bytes <= p.limit_bytes}
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The medians over ``rows`` (runs at one budget): plan_s, jit_s and their ratio, run by run."""
+    return {"budget": rows[0]["budget"], "runs": len(rows),
+            **{k: statistics.median(r[k] for r in rows) for k in ("plan_s", "jit_s", "ratio")},
+            "ratios": [round(r["ratio"], 2) for r in rows], "chosen": sorted({str(r["chosen"]) for r in rows}),
+            "compiled": max(r["compiled"] for r in rows), "timed": max(r["timed"] for r in rows),
+            "regions": rows[0]["regions"], "fits": all(r["fits"] for r in rows)}
+
+
+def markdown(summaries: list[dict[str, Any]]) -> str:
+    lines = ["| budget | runs | plan_s (median) | jit_s (median) | plan_s / jit_s (median) | each run | plan "
+             "| programs compiled | candidates timed |", "|---|---|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        lines.append(f"| {s['budget']} | {s['runs']} | {s['plan_s']:.1f} | {s['jit_s']:.1f} | {s['ratio']:.2f} "
+                     f"| {', '.join(f'{r:.2f}' for r in s['ratios'])} | {'; '.join(s['chosen'])} "
+                     f"| {s['compiled']} | {s['timed']} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scanned_plan", description=__doc__.splitlines()[0])
-    parser.add_argument("--budget", type=float, default=0.5)
+    parser.add_argument("--budgets", default="0.5,0.25", help="memory budgets, comma-separated")
+    parser.add_argument("--runs", type=int, default=3, help="runs at each budget, each on a step built afresh")
     parser.add_argument("--no-measure", dest="timed", action="store_false",
                         help="choose by predicted time: the fitting candidates are not timed")
     for name, default in (("depth", 32), ("width", 256), ("heads", 4), ("mlp", 688), ("vocab", 256),
                           ("batch", 4), ("seq", 128)):
         parser.add_argument(f"--{name}", type=int, default=default)
+    add_results_argument(parser)
     args = vars(parser.parse_args(argv))
-    print(json.dumps(measure(args.pop("budget"), args.pop("timed"), **args)))
+    budgets = [float(b) for b in args.pop("budgets").split(",")]
+    runs, timed, results_dir = args.pop("runs"), args.pop("timed"), args.pop("results")
+    # the budgets interleaved, run by run: the machine's slow spells fall on all of them
+    rows = [measure(b, timed, **args) for _ in range(runs) for b in budgets]
+    summaries = [summary([r for r in rows if r["budget"] == b]) for b in budgets]
+    write_result(results_dir, "scanned-plan", markdown(summaries), argv, "benchmarks.scanned_plan")
+    worst = max(summaries, key=lambda s: s["ratio"])
+    print(json.dumps({**worst, "budgets": summaries, "rows": rows}))
     return 0
 
 

@@ -373,7 +373,7 @@ def test_scanned_plan_tiny(capsys):
     from benchmarks import scanned_plan
 
     assert scanned_plan.main(["--depth", "3", "--width", "16", "--heads", "2", "--mlp", "32", "--vocab", "16",
-                              "--batch", "2", "--seq", "8"]) == 0
+                              "--batch", "2", "--seq", "8", "--runs", "1", "--results", ""]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["regions"] == 1 and out["fits"] and out["compiled"] <= 4
     assert out["plan_s"] > 0 and out["jit_s"] > 0

@@ -69,9 +69,11 @@ def test_the_plan_says_why_and_what_each_region_keeps():
         if r["policy"] == "no_checkpoint":
             # one block's own values: at least its two (B, D) hidden activations
             assert r["measured_bytes"] >= 2 * B * D * 4
-        # the model's per-region bytes are the region body's own residuals: what one trace of
-        # the whole step with that region alone planned measures, within a boundary value
-        assert abs(r["predicted_bytes"] - r["measured_bytes"]) <= B * D * 4
+        # the model's per-region bytes are the region body's own residuals that XLA stores:
+        # at most what one trace of the whole step with that region alone planned lists
+        # (JAX's residuals, some of which XLA recomputes where they are read), within a
+        # boundary value
+        assert -B * D * 4 <= r["predicted_bytes"] <= r["measured_bytes"] + B * D * 4
 
 
 def test_plan_cli_json_reports_plan_and_compile_seconds_and_regions(capsys):

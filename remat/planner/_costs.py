@@ -157,8 +157,62 @@ def _vjp_work(body: Any, computed: tuple[bool, ...], policy: Any,
     constants = set(jaxpr.constvars)
     held = [v for v in residuals if (computed[position[v]] if v in position else v not in constants)]
     offloaded = sum(aval_nbytes(v.aval) for v in held if _on_host(v.aval))
-    kept = sum(aval_nbytes(v.aval) for v in held) - offloaded
+    # held anyway: the step's arguments (parameters, data) and the jaxpr's constants
+    given = constants | {v for v, c in zip(jaxpr.invars, computed) if not c}
+    stored = _materialized(jaxpr, [v for v in held if not _on_host(v.aval)], given)
+    kept = sum(aval_nbytes(v.aval) for v in stored)
     return kept, offloaded, _total(_work(e) for e in _leaf_eqns(jaxpr))
+
+
+def _materialized(jaxpr: Any, held: list[Any], given: set[Any]) -> list[Any]:
+    """The residuals of ``held`` that XLA keeps in memory: not those that fused operations
+    compute from the others (and from ``given``, what the step holds anyway).
+
+    A residual that cheap element-wise operations compute from other residuals
+    (``1 - tanh(x)**2`` from ``tanh(x)``) fuses into the backward pass's fusions that read
+    it: XLA recomputes it there and never stores it, so it costs no bytes; one that a
+    matmul reads (:data:`_LIBRARY_CALLS`) is stored. The
+    latest residuals are weighed first, each against the others still kept, so of values
+    derived from one another the earliest (the one the others derive from) stays.
+    """
+    producer = {v: e for e in jaxpr.eqns for v in e.outvars}
+    order = {v: i for i, e in enumerate(jaxpr.eqns) for v in e.outvars}
+    # a value a library call reads (a matmul, a convolution) is a buffer of its own, not fused
+    operands = {v for e in jaxpr.eqns if e.primitive.name in _LIBRARY_CALLS or any(True for _ in xb.eqn_subjaxprs(e))
+                for v in e.invars if not xb.is_literal(v)}
+    stored = set(held)
+    for r in sorted(held, key=lambda v: order.get(v, -1), reverse=True):
+        if r not in operands and _fusible(r, (stored - {r}) | given, producer, {}):
+            stored.discard(r)
+    return [v for v in held if v in stored]
+
+
+#: Operations XLA:CPU runs as library calls, which read their operands from buffers:
+#: a value one of them reads is stored, whatever computes it.
+_LIBRARY_CALLS = frozenset({"dot_general", "conv_general_dilated"})
+
+
+#: Element-wise operations XLA does not compute twice to fuse them into a second reader
+#: (its ``IsExpensive``: transcendentals, division, powers): a residual they compute is
+#: stored (GELU's ``tanh``), where one cheap operations compute is recomputed.
+_EXPENSIVE = frozenset({"tanh", "exp", "exp2", "log", "log1p", "expm1", "logistic", "erf", "erfc", "erf_inv",
+                        "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh",
+                        "atanh", "pow", "sqrt", "rsqrt", "cbrt", "div", "rem", "lgamma", "digamma"})
+
+
+def _fusible(v: Any, available: set[Any], producer: dict[Any, Any], seen: dict[Any, bool]) -> bool:
+    """Whether ``v`` is computed from ``available`` values by operations XLA fuses into
+    their readers, computing them again there (cheap element-wise operations and moves:
+    not :data:`_MATERIALIZED`, not :data:`_EXPENSIVE`, no nested jaxpr)."""
+    if xb.is_literal(v) or v in available:
+        return True
+    if v not in seen:
+        eqn = producer.get(v)
+        seen[v] = False  # a value is not derived from itself
+        seen[v] = (eqn is not None and eqn.primitive.name not in _MATERIALIZED | _EXPENSIVE
+                   and not any(True for _ in xb.eqn_subjaxprs(eqn))
+                   and all(_fusible(u, available, producer, seen) for u in eqn.invars))
+    return seen[v]
 
 
 #: Bytes per second a value offloaded to host memory crosses the link at, each way:

@@ -257,18 +257,50 @@ def _leanest_rounds(state: FastSearch) -> None:
     predicted-fastest misses it by more than :data:`remat.planner._search.LEAN_SLACK` (the
     model's peaks tie where XLA's differ by a few percent), the next fastest not compiled
     yet in the model's ranking (:func:`remat.planner._assign.ranked_within`) compiles, at
-    most :data:`ROUNDS` rounds in all."""
+    most :data:`ROUNDS` rounds in all. Once it fits, the floor (:func:`_floored`) may
+    admit a faster assignment as lean, which compiles too."""
     tried: set[tuple[RegionOption, ...]] = set()  # what the assignments compiled cost, region by region
+    floored = False
     for round_ in range(ROUNDS):
         if state.pending is None:
             return
         confirmed = state.collect()
         least = min(c.compiled_temp_bytes() for c in state.finalists.values())
-        if round_ == ROUNDS - 1 or confirmed[0].fits_in(int(LEAN_SLACK * least)):
+        if round_ == ROUNDS - 1:
             return
+        if confirmed[0].fits_in(int(LEAN_SLACK * least)) or floored:
+            # fitting, the floor's pick may follow (once: where it misses, the walk ends)
+            quicker = None if floored else _floored(state, least)
+            floored = True
+            state.compile([quicker] if quicker is not None else [])
+            continue
         tried.update(_signature(state.model, a) for a in state.picks)
         following = _next_ranked(state.model, state.bound, tried)
         state.compile([following] if following is not None else [])
+
+
+def _floored(state: FastSearch, least: float) -> Assignment | None:
+    """Budget 0, a lean pick compiled and fitting: the fastest assignment not compiled yet
+    whose predicted temp bytes are within :data:`remat.planner._search.LEAN_SLACK` of the
+    ``least`` compiled, where it is predicted :data:`REPICK` faster than every finalist
+    that fits; None where there is none.
+
+    XLA's temp bytes stop falling near the leanest (the backward pass's own buffers, which
+    the per-region model does not see, set a floor): where the leanest compiled is over the
+    model's prediction, assignments the model puts between the two are as lean as it, and
+    the fastest of them may recompute far less (``benchmarks.foreign_steps``' ``unequal``:
+    a large block kept whole, as lean as all ``nothing``). The bound is raised once, to
+    that floor, so the walk stays as short.
+    """
+    floor = LEAN_SLACK * least / state.model.scale - state.model.offset / state.model.scale
+    if floor <= state.bound:
+        return None
+    state.bound = floor
+    limit = int(LEAN_SLACK * least)
+    fitting = [_choice(state.model, c) for c in state.finalists.values() if c.fits_in(limit)]
+    quickest = min((state.model.assignment(ch).ms for ch in fitting if ch is not None), default=float("inf"))
+    found = _fastest(state.model, floor, skip=frozenset(state.finalists))
+    return found if found is not None and found.ms < (1 - REPICK) * quickest else None
 
 
 def _budget_rounds(state: FastSearch, fastest: list[Assignment]) -> None:
@@ -318,6 +350,34 @@ def _supersede(state: FastSearch, scaled: RegionModel, picks: list[Assignment]) 
         if quickest < (1 - REPICK) * a.ms:
             label = scaled.spec(a).label
             state.finalists[label] = dataclasses.replace(state.finalists[label], superseded=True)
+
+
+#: Predicted step times further apart than this fraction are told apart without timing:
+#: twice the time model's largest error on a whole step measured so far
+#: (``benchmarks.recompute``, docs/planner.md, "The time model against measured steps").
+TIME_ERROR = 0.1
+
+
+def outpaced(pool: list[PlanCandidate]) -> list[PlanCandidate]:
+    """``pool`` with the fitting candidates predicted more than :data:`TIME_ERROR` slower
+    than the predicted-fastest fitting one marked superseded: not timed, not chosen.
+
+    Timing a candidate costs a full compile (the search compiles for memory alone) and
+    several runs of the step, more than the whole search where one step takes seconds; the
+    time model tells apart what it predicts that far apart. A candidate's prediction is
+    the per-region model's (``estimated_ms``), else its compile's (``predicted_ms``: the
+    un-checkpointed step's, which the model's times are built on).
+    """
+    contending = [c for c in pool if c.contends and _predicted(c) is not None]
+    if len(contending) < 2:
+        return pool
+    fastest = min(_predicted(c) or 0.0 for c in contending)
+    slow = {c.label for c in contending if (_predicted(c) or 0.0) > (1 + TIME_ERROR) * fastest}
+    return [dataclasses.replace(c, superseded=True) if c.label in slow else c for c in pool]
+
+
+def _predicted(c: PlanCandidate) -> float | None:
+    return c.estimated_ms if c.estimated_ms is not None else c.predicted_ms
 
 
 def _shown(state: FastSearch) -> list[PlanCandidate]:

@@ -18,7 +18,7 @@ from remat.planner._families import (
     offload_groups,
     offload_note,
 )
-from remat.planner._fast import fast_search
+from remat.planner._fast import fast_search, outpaced
 from remat.planner._footprint import footprint
 from remat.planner._mixed import mixed_spec, mixed_specs, uniform_costs
 from remat.planner._plan import Plan
@@ -129,7 +129,7 @@ def plan(
     limit = int(LEAN_SLACK * search.least) if budget == 0 else int(budget * none.compiled_temp_bytes())
     pool = _settled(search, pool, limit, complete=costing is None and stack is None)
     if measure:
-        pool = _timed(pool, args, repeat)
+        pool = _timed(pool if costing is None else outpaced(pool), args, repeat)
     plan_s = time.perf_counter() - started
     return _result(pool, none, surveyed, (budget, limit, limit_bytes), (args, argnums), measure, plan_s)
 
@@ -227,7 +227,8 @@ def _default_search(search: CandidateSearch, surveyed: Survey, budget: float, co
     unchecked = no_checkpoint_spec(surveyed)
     # its residual bytes come with the regions' costs, not from a trace of its own
     search.cache.setdefault(unchecked.label, PlanCandidate(unchecked.label, unchecked.policies))
-    waiting = search.start([unchecked])  # compiles while the regions are costed and the pick is made
+    # compiles (for its memory; fully only if it is timed) while the regions are costed and the pick is made
+    waiting = search.start([unchecked], memory_only=True)
     # a scanned stack may also be split into two segments with options of their own
     costs, _ = with_splits(costing(), stack_lengths(surveyed.jaxpr), scanned_bytes(surveyed.jaxpr))
     none, pool = fast_search(search, surveyed, budget, costs, waiting, second_opinion)
