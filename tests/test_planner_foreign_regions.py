@@ -284,7 +284,9 @@ def test_a_saved_plan_names_foreign_regions_refuses_another_step_and_reports_byt
     # the model's figure is its body's own residuals, within a boundary value
     wide = regions[1]
     assert wide["measured_bytes"] >= BATCH * 8 * WIDTH * 4
-    assert abs(wide["predicted_bytes"] - wide["measured_bytes"]) <= BATCH * WIDTH * 4
+    # the model counts what XLA keeps: the matmul output, not its tanh (recomputed where read),
+    # so at most JAX's residuals (as in test_planner_monotone)
+    assert BATCH * 8 * WIDTH * 4 <= wide["predicted_bytes"] <= wide["measured_bytes"]
 
 
 def test_foreign_regions_are_left_as_written_where_remat_regions_are_out_of_sight():

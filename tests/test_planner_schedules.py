@@ -122,7 +122,8 @@ def test_the_default_search_splits_a_scan_layers_stack_and_saves_the_split(tmp_p
     from remat.planner._segments import Segments
 
     params, x = _step()
-    p = remat.plan(_loss, params, x, memory_budget=0.5, measure=False)
+    # at 0.8 the fastest fitting option keeps the last layer un-checkpointed: a split
+    p = remat.plan(_loss, params, x, memory_budget=0.8, measure=False)
     assert p.chosen is not None and p.chosen.scan is not None and p.chosen.temp_bytes <= p.limit_bytes
     split, groups = p.chosen.scan
     assert isinstance(split, Segments) and groups is None, p.chosen.label
