@@ -1,7 +1,7 @@
 """``python -m benchmarks.scan_schedules``: compiled temp memory of the scan schedules ``remat.plan`` weighs.
 
 The benchmark's scanned models (the ``scan`` variant of :mod:`benchmarks.jax_programs`, quick
-sizes unless ``--sizes`` says otherwise, 16 blocks) planned with ``measure=False``: every
+sizes unless ``--sizes`` says otherwise, 16 blocks) planned with ``measure=False, exhaustive=True``: every
 scan candidate (flat, ``k`` equal groups, the binomial schedules) is compiled for its temp
 bytes, none is timed. Prints one Markdown row per model and policy; the "scan schedules,
 for the record" figures of docs/planner.md are this output.
@@ -26,7 +26,8 @@ def measure(model: str, depth: int, sizes: str = "quick") -> dict[str, dict[str,
 
     built = build(model, depth, SIZES[sizes])
     loss, params = jax_loss(built, "scan")
-    p = plan(loss, params, *jax_inputs(built), memory_budget=1.0, measure=False, early_reject=False)
+    p = plan(loss, params, *jax_inputs(built), memory_budget=1.0, measure=False, early_reject=False,
+             exhaustive=True)
     table: dict[str, dict[str, float]] = {}
     for c in p.candidates:  # labels such as "scan: nothing, binomial(levels=1) (6, 5, 4, 1)"
         if c.label.startswith("scan: ") and c.temp_bytes is not None:
