@@ -37,7 +37,7 @@ def _rel(a, b) -> float:
 def test_value_and_gradients_equal_optax_on_full_logits(chunk, ignored):
     hidden, embedding, labels = _problem(2, 24, 16, 50, ignored)
     loss = jax.jit(lambda h, w: ops.chunked_cross_entropy(h, w, labels, chunk=chunk))
-    expected, (g_h, g_w) = jax.value_and_grad(_reference, (0, 1))(hidden, embedding, labels)
+    expected, (g_h, g_w) = jax.jit(jax.value_and_grad(_reference, (0, 1)))(hidden, embedding, labels)
     got, (c_h, c_w) = jax.jit(jax.value_and_grad(loss, (0, 1)))(hidden, embedding)
     assert abs(float(got) - float(expected)) <= 1e-6 * abs(float(expected))
     assert _rel(c_h, g_h) < 1e-5 and _rel(c_w, g_w) < 1e-5  # float32 rounding, different summation order
@@ -47,23 +47,26 @@ def test_value_and_gradients_equal_optax_on_full_logits(chunk, ignored):
 
 def test_gradient_scales_with_the_incoming_cotangent():
     hidden, embedding, labels = _problem(1, 12, 8, 30)
-    _, vjp = jax.vjp(lambda h: ops.chunked_cross_entropy(h, embedding, labels, chunk=5), hidden)
-    _, vjp_ref = jax.vjp(lambda h: _reference(h, embedding, labels), hidden)
-    assert _rel(vjp(jnp.float32(3.0))[0], vjp_ref(jnp.float32(3.0))[0]) < 1e-5
+    def pulled_back(loss):  # compiled: the same pullback, one program instead of one per operation
+        return jax.jit(lambda h, t: jax.vjp(loss, h)[1](t)[0])(hidden, jnp.float32(3.0))
+
+    chunked = pulled_back(lambda h: ops.chunked_cross_entropy(h, embedding, labels, chunk=5))
+    assert _rel(chunked, pulled_back(lambda h: _reference(h, embedding, labels))) < 1e-5
 
 
 def test_all_ignored_is_zero_not_nan():
     hidden, embedding, labels = _problem(1, 4, 8, 10)
     labels = jnp.full_like(labels, -100)
-    loss, grad = jax.value_and_grad(lambda h: ops.chunked_cross_entropy(h, embedding, labels, chunk=3))(hidden)
+    loss, grad = jax.jit(jax.value_and_grad(lambda h: ops.chunked_cross_entropy(h, embedding, labels, chunk=3)))(hidden)
     assert float(loss) == 0.0 and float(jnp.max(jnp.abs(grad))) == 0.0
 
 
 def test_bfloat16_inputs_give_a_float32_loss_close_to_float32():
     hidden, embedding, labels = _problem(2, 16, 16, 40)
-    exact = _reference(hidden, embedding, labels)
-    low = ops.chunked_cross_entropy(hidden.astype(jnp.bfloat16), embedding.astype(jnp.bfloat16), labels, chunk=8)
-    grad = jax.grad(ops.chunked_cross_entropy)(hidden.astype(jnp.bfloat16), embedding.astype(jnp.bfloat16), labels)
+    exact = jax.jit(_reference)(hidden, embedding, labels)
+    h16, w16 = hidden.astype(jnp.bfloat16), embedding.astype(jnp.bfloat16)
+    low = jax.jit(lambda h, w: ops.chunked_cross_entropy(h, w, labels, chunk=8))(h16, w16)
+    grad = jax.jit(jax.grad(ops.chunked_cross_entropy))(h16, w16, labels)
     assert low.dtype == jnp.float32 and grad.dtype == jnp.bfloat16
     assert abs(float(low) - float(exact)) < 2e-2 * float(exact)
 
@@ -91,5 +94,5 @@ def test_compiled_step_never_holds_the_full_logits():
     chunked = temp(lambda h, w, y: ops.chunked_cross_entropy(h, w, y, chunk=128))
     assert plain >= logits_bytes  # the full logits (or their gradient) are there
     assert chunked < logits_bytes / 4  # a chunk's logits are 1/8 of them
-    np.testing.assert_allclose(float(ops.chunked_cross_entropy(hidden, embedding, labels, chunk=128)),
-                               float(_reference(hidden, embedding, labels)), rtol=1e-6)
+    np.testing.assert_allclose(float(jax.jit(lambda h, w, y: ops.chunked_cross_entropy(h, w, y, chunk=128))(
+        hidden, embedding, labels)), float(jax.jit(_reference)(hidden, embedding, labels)), rtol=1e-6)

@@ -39,7 +39,8 @@ def test_chunked_and_plain_losses_agree_on_the_tiny_llama():
     labels = jnp.asarray(llama.example_targets(config), jnp.int32)
     plain, params = hf_scale.jax_loss(model, chunked=False)
     chunked, _ = hf_scale.jax_loss(model, chunked=True)
-    (a, ga), (b, gb) = (jax.value_and_grad(f)(params, jnp.asarray(ids), labels) for f in (plain, chunked))
+    # compiled: run op by op, the two gradients cost a compile per operation
+    (a, ga), (b, gb) = (jax.jit(jax.value_and_grad(f))(params, jnp.asarray(ids), labels) for f in (plain, chunked))
     assert float(a) == pytest.approx(float(b), rel=1e-6)
     for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
         np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-4, atol=1e-6)
@@ -47,13 +48,15 @@ def test_chunked_and_plain_losses_agree_on_the_tiny_llama():
 
 def test_scanned_llama_equals_the_unrolled_one():
     import jax.numpy as jnp
+    from flax import nnx
 
     from remat.models import llama
 
     model, _, (ids,) = llama.build(llama.LlamaConfig(tie_embeddings=True, depth=3))
     scanned = llama.ScannedLlamaForCausalLM(model)
-    np.testing.assert_allclose(np.asarray(scanned(jnp.asarray(ids))), np.asarray(model(jnp.asarray(ids))),
-                               rtol=1e-5, atol=1e-6)
+    forward = nnx.jit(lambda m, x: m(x))  # compiled: op by op, each forward costs a compile per operation
+    ids = jnp.asarray(ids)
+    np.testing.assert_allclose(np.asarray(forward(scanned, ids)), np.asarray(forward(model, ids)), rtol=1e-5, atol=1e-6)
 
 
 def _row(framework, variant, precision, mib, ms, **extra):
