@@ -31,12 +31,17 @@ def _rel(a, b) -> float:
 
 
 # 10 does not divide 2*24 tokens; 1000 exceeds them; the other chunk sizes and ignore counts are slow
-@pytest.mark.parametrize(("chunk", "ignored"), [(8, 5), (10, 0), (1000, 5)] + [
-    pytest.param(c, i, marks=pytest.mark.slow) for c in (1, 8, 10, 64, 1000) for i in (0, 5)
-    if (c, i) not in ((8, 5), (10, 0), (1000, 5))])
-def test_value_and_gradients_equal_optax_on_full_logits(chunk, ignored):
+# over tokens: 10 does not divide 2*24 tokens, 1000 exceeds them; over the vocabulary: 7 does not
+# divide its 50 entries, 64 exceeds them; the other chunk sizes and ignore counts are slow
+FAST_CHUNKS = {("tokens", 8, 5), ("tokens", 10, 0), ("tokens", 1000, 5), ("vocab", 7, 5), ("vocab", 64, 0)}
+
+
+@pytest.mark.parametrize(("over", "chunk", "ignored"), [
+    pytest.param(o, c, i, marks=() if (o, c, i) in FAST_CHUNKS else pytest.mark.slow)
+    for o in ("tokens", "vocab") for c in (1, 7, 8, 10, 64, 1000) for i in (0, 5)])
+def test_value_and_gradients_equal_optax_on_full_logits(over, chunk, ignored):
     hidden, embedding, labels = _problem(2, 24, 16, 50, ignored)
-    loss = jax.jit(lambda h, w: ops.chunked_cross_entropy(h, w, labels, chunk=chunk))
+    loss = jax.jit(lambda h, w: ops.chunked_cross_entropy(h, w, labels, chunk=chunk, over=over))
     expected, (g_h, g_w) = jax.jit(jax.value_and_grad(_reference, (0, 1)))(hidden, embedding, labels)
     got, (c_h, c_w) = jax.jit(jax.value_and_grad(loss, (0, 1)))(hidden, embedding)
     assert abs(float(got) - float(expected)) <= 1e-6 * abs(float(expected))
@@ -54,30 +59,34 @@ def test_gradient_scales_with_the_incoming_cotangent():
     assert _rel(chunked, pulled_back(lambda h: _reference(h, embedding, labels))) < 1e-5
 
 
-def test_all_ignored_is_zero_not_nan():
+@pytest.mark.parametrize("over", ["tokens", "vocab"])
+def test_all_ignored_is_zero_not_nan(over):
     hidden, embedding, labels = _problem(1, 4, 8, 10)
     labels = jnp.full_like(labels, -100)
-    loss, grad = jax.jit(jax.value_and_grad(lambda h: ops.chunked_cross_entropy(h, embedding, labels, chunk=3)))(hidden)
+    loss, grad = jax.jit(jax.value_and_grad(
+        lambda h: ops.chunked_cross_entropy(h, embedding, labels, chunk=3, over=over)))(hidden)
     assert float(loss) == 0.0 and float(jnp.max(jnp.abs(grad))) == 0.0
 
 
-def test_bfloat16_inputs_give_a_float32_loss_close_to_float32():
+@pytest.mark.parametrize("over", ["tokens", "vocab"])
+def test_bfloat16_inputs_give_a_float32_loss_close_to_float32(over):
     hidden, embedding, labels = _problem(2, 16, 16, 40)
     exact = jax.jit(_reference)(hidden, embedding, labels)
     h16, w16 = hidden.astype(jnp.bfloat16), embedding.astype(jnp.bfloat16)
-    low = jax.jit(lambda h, w: ops.chunked_cross_entropy(h, w, labels, chunk=8))(h16, w16)
-    grad = jax.jit(jax.grad(ops.chunked_cross_entropy))(h16, w16, labels)
-    assert low.dtype == jnp.float32 and grad.dtype == jnp.bfloat16
+    low = jax.jit(lambda h, w: ops.chunked_cross_entropy(h, w, labels, chunk=8, over=over))(h16, w16)
+    grad_h, grad_w = jax.jit(jax.grad(lambda h, w: ops.chunked_cross_entropy(h, w, labels, chunk=8, over=over),
+                                      (0, 1)))(h16, w16)
+    assert low.dtype == jnp.float32 and grad_h.dtype == grad_w.dtype == jnp.bfloat16
     assert abs(float(low) - float(exact)) < 2e-2 * float(exact)
 
 
-@pytest.mark.parametrize("bad", [{"chunk": 0}, {"labels_shape": (2, 5)}])
+@pytest.mark.parametrize("bad", [{"chunk": 0}, {"labels_shape": (2, 5)}, {"over": "batch"}])
 def test_bad_arguments_are_one_line_errors(bad):
     hidden, embedding, labels = _problem(2, 4, 8, 10)
     if "labels_shape" in bad:
         labels = jnp.zeros(bad["labels_shape"], jnp.int32)
     with pytest.raises(ValueError, match="chunked_cross_entropy") as info:
-        ops.chunked_cross_entropy(hidden, embedding, labels, chunk=bad.get("chunk", 4))
+        ops.chunked_cross_entropy(hidden, embedding, labels, chunk=bad.get("chunk", 4), over=bad.get("over", "tokens"))
     assert "\n" not in str(info.value)
 
 
@@ -96,3 +105,21 @@ def test_compiled_step_never_holds_the_full_logits():
     assert chunked < logits_bytes / 4  # a chunk's logits are 1/8 of them
     np.testing.assert_allclose(float(jax.jit(lambda h, w, y: ops.chunked_cross_entropy(h, w, y, chunk=128))(
         hidden, embedding, labels)), float(jax.jit(_reference)(hidden, embedding, labels)), rtol=1e-6)
+
+
+def test_over_the_vocabulary_the_heads_gradient_needs_no_accumulator():
+    """Few tokens, a large vocabulary (a 135M Llama's head at 256 tokens, narrowed): chunked over
+    tokens, the backward sums the head's [vocab, width] gradient in a buffer of its own; chunked
+    over the vocabulary, each chunk writes its rows once, and the temp holds about a chunk's logits."""
+    tokens, width, vocab, chunk = 256, 64, 16384, 512
+    hidden, embedding, labels = _problem(1, tokens, width, vocab)
+
+    def temp(loss):
+        compiled = jax.jit(jax.grad(loss, (0, 1))).lower(hidden, embedding, labels).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    head_bytes, chunk_logits = vocab * width * 4, tokens * chunk * 4
+    over_tokens = temp(lambda h, w, y: ops.chunked_cross_entropy(h, w, y, chunk=64))
+    over_vocab = temp(lambda h, w, y: ops.chunked_cross_entropy(h, w, y, chunk=chunk, over="vocab"))
+    assert over_tokens >= head_bytes  # the accumulator
+    assert over_vocab < head_bytes / 4 and over_vocab < 4 * chunk_logits
