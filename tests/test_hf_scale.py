@@ -14,9 +14,11 @@ TINY = hf_scale.Shape(seq_len=8, batch_size=2, rounds=1, steps=2)
 
 
 @pytest.mark.slow  # a fresh process per variant; the error row below runs the same worker path fast
-@pytest.mark.parametrize("framework,variant", [("torch", "hf_checkpoint"), ("remat", "nothing_chunked_ce")])
-def test_a_worker_measures_a_row(framework, variant):
-    row = hf_scale.run_worker(framework, variant, "float32", "tiny", TINY)
+@pytest.mark.parametrize("framework,variant,precision", [
+    ("torch", "hf_checkpoint", "float32"), ("remat", "nothing_chunked_ce", "float32"),
+    ("torch", "compile_budget_0.5", "mixed"), ("remat", "nothing", "mixed")])
+def test_a_worker_measures_a_row(framework, variant, precision):
+    row = hf_scale.run_worker(framework, variant, precision, "tiny", TINY)
     assert "error" not in row, row
     assert set(hf_scale.ROW_KEYS) <= set(row)
     assert row["peak_rss_bytes"] >= 0 and row["step_ms"] > 0
