@@ -196,13 +196,15 @@ def markdown(rows: list[dict]) -> str:
     mib = 2**20
     lines = ["| model | depth | budget | plan | plan ms | oracle's fastest fitting | oracle ms | ratio | worst ratio "
              "| plan temp MiB (limit) | oracle min MiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    def cell(value: float | None, digits: int, scale: float = 1.0) -> str:  # "-": nothing measured
+        return "-" if value is None else f"{value / scale:.{digits}f}"
+
     for r in rows:
-        plan_cell = r["plan"] or "cannot be met"
-        ratio, worst = (f"{r[k]:.3f}" if r.get(k) is not None else "-" for k in ("ratio", "worst_ratio"))
+        plan_cell = r["plan"] or "cannot be met (no assignment fits)"
         lines.append(
-            f"| {r['model']} | {r['depth']} | {r['budget']} | {plan_cell} | "
-            f"{r['plan_ms'] or float('nan'):.2f} | {r['oracle'] or '-'} | {r['oracle_ms'] or float('nan'):.2f} | "
-            f"{ratio} | {worst} | {(r['plan_temp_bytes'] or 0) / mib:.2f} ({r['limit_bytes'] / mib:.2f}) | "
+            f"| {r['model']} | {r['depth']} | {r['budget']} | {plan_cell} | {cell(r['plan_ms'], 2)} | "
+            f"{r['oracle'] or '-'} | {cell(r['oracle_ms'], 2)} | {cell(r.get('ratio'), 3)} | "
+            f"{cell(r.get('worst_ratio'), 3)} | {cell(r['plan_temp_bytes'], 2, mib)} ({r['limit_bytes'] / mib:.2f}) | "
             f"{r['oracle_min_temp_bytes'] / mib:.2f} |")
     return "\n".join(lines) + "\n"
 
