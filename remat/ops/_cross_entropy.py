@@ -69,7 +69,7 @@ def chunked_cross_entropy(hidden: jax.Array, embedding: jax.Array, labels: jax.A
         size = min(chunk, vocab)
         padded = -(-vocab // size) * size
         rows = jnp.pad(embedding, ((0, padded - vocab), (0, 0))).reshape(padded // size, size, -1)
-        return _vocab_loss(ignore_index, vocab, flat_hidden, flat_labels, rows).astype(jnp.float32)
+        return _vocab_loss(ignore_index, vocab, flat_hidden, flat_labels, rows)
     tokens = flat_labels.shape[0]
     size = min(chunk, max(tokens, 1))
     padded = -(-tokens // size) * size
