@@ -268,6 +268,7 @@ def _linen_regions(model: nn.Module, params, x, method: Any = None) -> int:
     return count_remat_eqns(jax.make_jaxpr(jax.grad(loss))(params))
 
 
+@pytest.mark.slow
 def test_nnx_entry_points_and_methods_other_than_call():
     model, plain, x = EncoderDecoder(WIDTH, 2, rngs=nnx.Rngs(0)), EncoderDecoder(WIDTH, 2, rngs=nnx.Rngs(0)), _x()
     remat.apply_checkpointing(model, MixerBlock)
@@ -290,6 +291,7 @@ def test_nnx_entry_points_and_methods_other_than_call():
                        rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_linen_entry_points_and_methods_other_than_call():
     plain, x = LinenEncoderDecoder(width=WIDTH), _x()
     params = jax.jit(plain.init)(jax.random.key(0), x)

@@ -207,6 +207,7 @@ def test_tied_weights_load_once_and_are_listed(gpt2):
         np.testing.assert_array_equal(np.asarray(getattr(jm.transformer.h[0].attn, name).kernel[...]), hf)
 
 
+@pytest.mark.slow
 def test_model_output_with_dynamic_cache(gpt2):
     jm, tm, _, ids = gpt2
     report = compare_gradients(jm, tm, (ids,), dtype="float64", mode="train")

@@ -73,6 +73,7 @@ def test_nnx_stacks_many(pool, specs):
 
 # --- the suite's own machinery --------------------------------------------------------------
 
+@pytest.mark.slow
 def test_an_abort_or_a_hang_fails_only_its_case_with_a_reproducer():
     def run(pool, action, timeout_s):
         for worker in pool.workers:  # a started worker answers at once: the hang is cut short;

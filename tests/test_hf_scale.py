@@ -30,6 +30,7 @@ def test_a_failing_variant_is_an_error_row_not_a_crash():
     assert row["error"].startswith("ValueError") and "\n" not in row["error"]
 
 
+@pytest.mark.slow
 def test_chunked_and_plain_losses_agree_on_the_tiny_llama():
     import jax
     import jax.numpy as jnp

@@ -73,6 +73,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_checkpoint_inside_scan_runs_with_remat_imported():
     out = run_py(SCAN_PROGRAM)
     expected = jnp.cos(jnp.ones((2, 3))).tolist()

@@ -355,6 +355,7 @@ def test_profile_cli_handles_batchnorm_models(capsys):
     assert nothing["temp_bytes"] < none["temp_bytes"]
 
 
+@pytest.mark.slow
 def test_profile_cli_json_and_errors(capsys, tmp_path):
     from remat.cli import main
 

@@ -141,6 +141,7 @@ def test_a_sharded_step_keeps_parameters_and_adam_moments_sharded_over_fsdp():
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.isolated
 def test_a_sharded_step_is_planned_with_its_bytes_per_device():
     import jax

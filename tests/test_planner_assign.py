@@ -225,6 +225,7 @@ def test_a_second_opinion_compiles_the_fastest_assignment_without_the_picks_main
     assert both.chosen.predicted_ms <= alone.chosen.predicted_ms  # it only adds candidates
 
 
+@pytest.mark.slow
 def test_the_leanest_plan_walks_down_the_models_ranking_when_its_pick_misses():
     # the CNN's first block is its largest: the model predicts the same peak for several
     # assignments as for the leanest, where XLA's temp differs by a few percent (over the

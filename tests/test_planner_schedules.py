@@ -38,7 +38,7 @@ def test_the_byte_model_is_the_schedules_peak_where_a_layer_keeps_its_input(sche
     assert schedule_bytes((2, 2), layer_kept=3.0, layer_input=1.0, working=10.0) == 17.0
 
 
-@pytest.mark.parametrize("budget", [0.3, 0])
+@pytest.mark.parametrize("budget", [pytest.param(0.3, marks=pytest.mark.slow), 0])
 def test_the_default_search_plans_a_scan_layers_stack(budget):
     params, x = _step()
     p = remat.plan(_loss, params, x, memory_budget=budget, measure=False)
@@ -77,6 +77,7 @@ def test_a_binomial_schedule_is_predicted_leaner_than_flat_for_nothing():
     assert by[("dots", None)].peak > flat.peak and by[("dots", None)].ms <= flat.ms
 
 
+@pytest.mark.slow
 def test_the_default_search_plans_a_scan_nnx_layers_stack():
     from flax import nnx
 

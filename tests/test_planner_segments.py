@@ -84,6 +84,7 @@ def test_a_split_lax_scan_has_the_unsplit_steps_gradients_bitwise(split):
     _assert_bitwise(_grads(_lax_loss, (split,), params), _grads(_lax_loss, (NO_CHECKPOINT,), params))
 
 
+@pytest.mark.slow
 def test_a_split_nnx_scan_over_an_nnx_vmap_stack_has_the_unsplit_steps_gradients_bitwise():
     loss, state = _nnx_step()
     assert stack_lengths(survey(loss, state, X).jaxpr) == [DEPTH]

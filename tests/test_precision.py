@@ -74,6 +74,7 @@ def test_the_input_gradient_is_as_close_as_torchs(mlp_bf16):
     assert row.err_jax < 1e-2 and row.ok
 
 
+@pytest.mark.slow
 def test_transformer_mixed_gradients_and_training():
     entry = MODELS["transformer"]
     jm, tm, x = entry.build()
@@ -152,6 +153,7 @@ def test_heavier_twins_checkpointed_bfloat16_gradients_are_bitwise_equal(name, r
         assert a.dtype == b.dtype == jnp.bfloat16 and np.array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_mixed_checkpointing_moves_only_float32_sums_by_float32_ulps():
     """Mixed: the float32 gradients of the residual stream (embeddings, ln2.scale) sum in another order."""
     plain = _jax_bf16_grads("transformer", RematSettings.none(), "mixed")
@@ -164,6 +166,7 @@ def test_mixed_checkpointing_moves_only_float32_sums_by_float32_ulps():
     assert 0 < differ <= 4 < len(plain)
 
 
+@pytest.mark.slow
 def test_with_xla_excess_precision_checkpointing_moves_bfloat16_by_an_ulp():
     """XLA's default keeps bfloat16 values in float32 inside a fusion; a checkpoint ends fusions."""
     plain = _jax_bf16_grads("transformer", RematSettings.none(), "bfloat16", exact=False)
@@ -229,14 +232,8 @@ def test_heavier_twins_pass_the_criterion(name, registry, precision):
     assert 1e-3 < r.distribution()["err_jax"]["median"] < 2e-2
 
 
-# float32 and bfloat16 in the default run; every precision (mixed too) slow
-@pytest.mark.parametrize("every", [pytest.param(False, id="float32-bfloat16"),
-                                   pytest.param(True, id="all", marks=pytest.mark.slow)])
-def test_precision_benchmark_rows(every, monkeypatch):
-    import benchmarks.precision
-
-    if not every:
-        monkeypatch.setattr(benchmarks.precision, "PRECISIONS", ("float32", "bfloat16"))
+@pytest.mark.slow
+def test_precision_benchmark_rows():
     from benchmarks.precision import PRECISIONS, measure, table
 
     sizes = {"vocab": 16, "depth": 1, "width": 16, "heads": 2, "seq_len": 8, "batch": 4}
