@@ -265,6 +265,17 @@ def eval_closed_jaxpr(closed: Any, jaxpr: Any, *args: Any) -> list[Any]:
     return core.eval_jaxpr(jaxpr, closed.consts, *args)
 
 
+def bind_equation(primitive: Any, values: Any, params: dict[str, Any]) -> Any:
+    """``primitive`` bound on ``values`` with an equation's ``params``, as ``jax.core.eval_jaxpr`` binds it.
+
+    ``get_bind_params`` returns the parameters in JAX 0.10, and in JAX 0.8 a pair: the
+    sub-functions to bind first, and the parameters.
+    """
+    bind = primitive.get_bind_params(params)
+    subfuns, bind = ((), bind) if isinstance(bind, dict) else bind
+    return primitive.bind(*subfuns, *values, **bind)
+
+
 def remat3_setting() -> Any:
     """The ``jax_remat3`` setting (called with a bool, a thread-local context), or None before JAX 0.10.2."""
     from jax._src import config

@@ -222,7 +222,7 @@ def _evaluate(closed: Any, flat: list[Any], replaced: dict[int, tuple[list[Any],
             if index in replaced:
                 outs = _split_scan(*replaced[index], values)
             else:
-                outs = eqn.primitive.bind(*values, **eqn.primitive.get_bind_params(eqn.params))
+                outs = xb.bind_equation(eqn.primitive, values, eqn.params)
                 outs = outs if eqn.primitive.multiple_results else [outs]
         env.update(zip(eqn.outvars, outs))
     return [read(v) for v in jaxpr.outvars]
@@ -240,8 +240,8 @@ def _split_scan(scans: list[Any], counts: list[int], values: list[Any]) -> list[
     pieces = [lax.split(x, counts, axis=0) for x in values[consts + carries:]]
     ys = []
     for j, (scan, count) in enumerate(zip(scans, counts)):
-        bind = scan.primitive.get_bind_params({**scan.params, "length": count})
-        outs = scan.primitive.bind(*const_values, *carry, *(p[j] for p in pieces), **bind)
+        outs = xb.bind_equation(scan.primitive, [*const_values, *carry, *(p[j] for p in pieces)],
+                                  {**scan.params, "length": count})
         carry, y = list(outs[:carries]), outs[carries:]
         ys.append(y)
     stacked = [lax.concatenate(list(parts), 0) for parts in zip(*ys)]
