@@ -136,8 +136,10 @@ def four_blocks(policy, width=16, batch=16):
 POLICIES = [None, "nothing", "dots", "dots_no_batch", "everything", ["h"]]
 
 
+# every policy at the smallest shape by default, and at the wider and longer ones with -m slow
 @pytest.mark.parametrize("policy", POLICIES, ids=str)
-@pytest.mark.parametrize("width,batch", [(16, 16), (64, 8), (64, 256)])
+@pytest.mark.parametrize("width,batch", [(16, 16), pytest.param(64, 8, marks=pytest.mark.slow),
+                                         pytest.param(64, 256, marks=pytest.mark.slow)])
 def test_every_policy_attributes_at_least_95_percent_of_four_blocks(policy, width, batch):
     """Small programs included, where XLA's alignment padding and the values of called
     computations (the CPU lowering's conditionals) are a large share of the temp buffer."""
