@@ -9,6 +9,7 @@ Import them in a test module with ``from conftest import ...`` (pytest puts ``te
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -29,6 +30,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import remat  # noqa: F401, E402  (every test, the upstream ports included, runs with remat imported)
+from remat import _jax  # noqa: E402
 from remat.analysis import saved_residuals  # noqa: E402
 
 # in case a plugin imported jax before this file ran
@@ -36,6 +38,16 @@ jax.config.update("jax_default_prng_impl", os.environ["JAX_DEFAULT_PRNG_IMPL"])
 
 REMAT_PRIMITIVES = ("checkpoint", "remat", "remat2")
 REMAT_DIR = os.path.dirname(os.path.abspath(remat.__file__))
+
+#: JAX's ``jax_remat3`` setting (called with a bool: a thread-local context), None before
+#: JAX 0.10.2, which has no other kind of remat.
+REMAT3 = _jax.remat3_setting()
+needs_remat3 = pytest.mark.skipif(REMAT3 is None, reason="jax_remat3 exists from JAX 0.10.2")
+
+
+def remat3_set(value: bool) -> Any:
+    """``jax_remat3`` set to ``value`` for this thread only; before JAX 0.10.2 nothing to set."""
+    return contextlib.nullcontext() if REMAT3 is None else REMAT3(value)
 
 
 class _Aval:

@@ -4,7 +4,6 @@ Scenarios about what ``import remat`` does to a process run in a fresh interpret
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -16,12 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_trees_close
+from conftest import REMAT3, assert_trees_close, needs_remat3, remat3_set
 from jax import lax
 
 import remat
 from benchmarks import xla_cpu
-from remat import _jax
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -237,8 +235,6 @@ def test_flax_remat_inside_flax_scans_with_remat_lowering_installed():
 
 # --- JAX's remat3 (jax_remat3) ----------------------------------------------------------
 
-_REMAT3 = _jax.remat3_setting()  # None before JAX 0.10.2, which has no other kind of remat
-_needs_remat3 = pytest.mark.skipif(_REMAT3 is None, reason="jax_remat3 exists from JAX 0.10.2")
 
 def _tanh_stack_temp(wrap) -> int:
     w = jnp.ones((128, 128)) * 0.01
@@ -275,20 +271,20 @@ def _nnx_stack_temp(checkpointed: bool) -> int:
     return grads.lower(blocks, jnp.ones((256, 128))).compile().memory_analysis().temp_size_in_bytes
 
 
-@pytest.mark.parametrize("remat3", [False, pytest.param(True, marks=_needs_remat3)])
+@pytest.mark.parametrize("remat3", [False, pytest.param(True, marks=needs_remat3)])
 def test_regions_keep_their_savings_whatever_the_remat3_setting(remat3):
-    with contextlib.nullcontext() if _REMAT3 is None else _REMAT3(remat3):  # the user's setting, thread-locally
+    with remat3_set(remat3):  # the user's setting, thread-locally
         plain, ours = _tanh_stack_temp(lambda f: f), _tanh_stack_temp(remat.checkpoint)
         nnx_plain, nnx_ours = _nnx_stack_temp(False), _nnx_stack_temp(True)
-        assert _REMAT3 is None or _REMAT3.value is remat3  # remat left the setting as it found it
+        assert REMAT3 is None or REMAT3.value is remat3  # remat left the setting as it found it
     # without remat's lowering both keep about as much as no checkpoint (measured 0.58 and
     # 0.6 of it with, 1.0 without)
     assert ours < 0.7 * plain and nnx_ours < 0.7 * nnx_plain, (ours, plain, nnx_ours, nnx_plain)
 
 
-@_needs_remat3
+@needs_remat3
 def test_regions_are_the_checkpoint_primitive_under_remat3():
-    with _REMAT3(True):
+    with remat3_set(True):
         jaxpr = jax.make_jaxpr(jax.grad(lambda x: remat.checkpoint(jnp.sin)(jnp.sin(x)).sum()))(jnp.ones(3))
         theirs = jax.make_jaxpr(jax.grad(lambda x: jax.checkpoint(jnp.sin)(jnp.sin(x)).sum()))(jnp.ones(3))
     assert "remat2" in str(jaxpr) or "checkpoint" in str(jaxpr)

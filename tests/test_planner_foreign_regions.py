@@ -6,7 +6,6 @@ traced outside the plan unchanged. The module runs under ``JAX_REMAT3=1`` too
 (``test_the_regions_are_planned_under_jax_remat3``)."""
 from __future__ import annotations
 
-import contextlib
 import json
 
 import flax.linen as nn
@@ -14,11 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import needs_remat3, remat3_set
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 import remat
-from remat._jax import remat3_setting
 from remat.analysis import saved_residuals
 from remat.analysis.compiled import CompiledMemory
 from remat.analysis.machine import current_rates
@@ -184,21 +183,12 @@ def test_a_foreign_region_is_planned_as_its_remat_checkpoint_twin():
     assert plans[0].chosen.label == plans[1].chosen.label
 
 
-_REMAT3 = remat3_setting()  # None before JAX 0.10.2, which has no other kind of remat
-_needs_remat3 = pytest.mark.skipif(_REMAT3 is None, reason="jax_remat3 exists from JAX 0.10.2")
-
-
-def _remat3(value: bool):
-    """JAX's ``jax_remat3`` set for this thread only; before JAX 0.10.2 (no such setting) nothing to set."""
-    return contextlib.nullcontext() if _REMAT3 is None else _REMAT3(value)
-
-
 # jax_remat3 makes jax.checkpoint emit another construct (a RematTraced call), which the
 # planner rewrites as the classic one; set here for this thread only (JAX's config context)
-@_needs_remat3
+@needs_remat3
 @pytest.mark.parametrize("name", [n if "lax" in n else pytest.param(n, marks=pytest.mark.slow) for n in STEPS])
 def test_the_regions_are_planned_under_jax_remat3(name):
-    with _remat3(True):
+    with remat3_set(True):
         step, params, x = STEPS[name][0]()
         assert "RematTraced" in str(jax.make_jaxpr(step)(params, x))
         _planned_by_default_search(name)
@@ -326,10 +316,10 @@ def _tagged_loss(params, x):
     return jnp.mean(x ** 2)
 
 
-@pytest.mark.parametrize("remat3", [False, pytest.param(True, marks=_needs_remat3)])
+@pytest.mark.parametrize("remat3", [False, pytest.param(True, marks=needs_remat3)])
 def test_a_foreign_regions_names_are_options_under_either_construct(remat3):
     params, x = [_weights(k) for k in jax.random.split(jax.random.PRNGKey(5), 2)], _batch()
-    with _remat3(remat3):
+    with remat3_set(remat3):
         surveyed = survey(_tagged_loss, params, x)
         assert surveyed.names == ["hidden"] and surveyed.foreign == (0, 1)
         costs = region_costs(_tagged_loss, (params, x), 2, [NO_CHECKPOINT, "nothing", ("hidden",)],
