@@ -176,6 +176,12 @@ def sdpa_like_torch(q: Any, k: Any, v: Any, scale: float, where: Any, autocast_d
     if autocast_dtype is not None:
         q, k, v = (a.astype(autocast_dtype) for a in (q, k, v))
     wide = jnp.promote_types(q.dtype, jnp.float32)
-    scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2), preferred_element_type=wide) * scale
+    batch = tuple(range(q.ndim - 2))  # [..., tokens, head_dim]: every leading axis is a batch axis
+    # ops.dot_general: both products' backward runs in the inputs' dtype, as torch's does: p @ v's
+    # output is rounded to it anyway, and torch's CPU flash attention rounds the scores' float32
+    # gradient to it before its two products (JAX's own transpose would promote to float32)
+    scores = ops.dot_general(q, k, (((q.ndim - 1,), (k.ndim - 1,)), (batch, batch)),
+                             preferred_element_type=wide) * scale
     p = ops.softmax(scores, axis=-1, where=where).astype(v.dtype)
-    return jnp.matmul(p, v, preferred_element_type=wide).astype(v.dtype)
+    return ops.dot_general(p, v, (((p.ndim - 1,), (v.ndim - 2,)), (batch, batch)),
+                           preferred_element_type=wide).astype(v.dtype)

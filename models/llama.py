@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import remat
+from remat import ops
 from remat.models._hf import checkpoint_hf_layers, transformers_module
 from remat.models._settings import RematSettings, jax_block
 from remat.models._twin import build_pair, sdpa_like_torch, silu_like_torch
@@ -224,8 +225,9 @@ class LlamaForCausalLM(nnx.Module):
             return self.model.embed_tokens.attend(h)
         # under torch.autocast the tied head is a bfloat16 nn.Linear; the embedding lookup stays float32
         w = self.model.embed_tokens.embedding[...].astype(self.autocast_dtype)
-        return jnp.matmul(h.astype(self.autocast_dtype), w.T, preferred_element_type=jnp.float32
-                          ).astype(self.autocast_dtype)
+        logits = ops.dot_general(h.astype(self.autocast_dtype), w, (((h.ndim - 1,), (1,)), ((), ())),
+                                 preferred_element_type=jnp.float32)
+        return logits.astype(self.autocast_dtype)
 
 
 class ScannedLlamaForCausalLM(nnx.Module):

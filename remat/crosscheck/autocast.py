@@ -23,7 +23,9 @@ bfloat16/float32 operands promoting to float32. The JAX side follows the same ru
 module, since JAX has no autocast:
 
 * ``nnx.Linear``, ``nnx.LinearGeneral``, ``nnx.Einsum``, ``nnx.Conv``, ``nnx.ConvTranspose``
-  get ``dtype=bfloat16`` (Flax's ``dtype=bf16, param_dtype=float32``);
+  get ``dtype=bfloat16`` (Flax's ``dtype=bf16, param_dtype=float32``); the linear ones
+  multiply with :func:`remat.ops.dot_general`, whose backward products take bfloat16
+  operands as autocast's backward does (JAX's would promote them to float32);
 * normalisation modules (``nnx.LayerNorm``, ``nnx.RMSNorm``, ``nnx.BatchNorm``,
   ``nnx.GroupNorm`` and subclasses) return their input's dtype, as torch's mixed-type
   kernels do (Flax would promote a bfloat16 input with float32 scales to float32);
@@ -42,7 +44,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax import lax
 
+from remat import ops
 from remat.crosscheck.harness import _cast_jax_model, _is_float, _to_jax_layout
 from remat.crosscheck.lazy import _torch
 
@@ -93,6 +97,11 @@ def jax_model(model: nnx.Module, precision: str) -> nnx.Module:
         if isinstance(node, _MATMUL_MODULES):
             node.preferred_element_type = jnp.float32
             node.__class__ = _rounded_once_class(type(node))
+            if (isinstance(node, (nnx.Linear, nnx.LinearGeneral)) and node.dot_general in (None, lax.dot_general)
+                    and getattr(node, "dot_general_cls", None) is None):  # a user's own product stays theirs
+                # the output is rounded once to bfloat16 right after the bias, so its gradient
+                # is a bfloat16 value: the backward products can take it in bfloat16, as torch's do
+                node.dot_general = ops.dot_general
             if precision == "mixed":
                 node.dtype = jnp.bfloat16
         elif isinstance(node, _NORM_MODULES):

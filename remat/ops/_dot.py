@@ -1,0 +1,128 @@
+"""A ``lax.dot_general`` whose backward stays in the operands' low precision, as PyTorch's does."""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+DimensionNumbers = tuple[tuple[tuple[int, ...], tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]]
+
+
+def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: DimensionNumbers, precision: Any = None,
+                preferred_element_type: Any = None, **kwargs: Any) -> jax.Array:
+    """``lax.dot_general`` whose cotangent products run in the operands' dtype, as PyTorch's backward does.
+
+    Under ``torch.autocast`` (or on a bfloat16 model) a matmul's output gradient is bfloat16,
+    and each of its two backward products takes bfloat16 operands, accumulates in float32
+    and rounds once. In JAX, ``lax.dot_general(a, b, preferred_element_type=float32)``
+    followed by a cast to bfloat16 rounds the forward the same way, but its cotangent is
+    float32: both backward products then promote the bfloat16 operand to float32, which
+    keeps a float32 copy of every weight and runs float32 kernels where bfloat16 ones exist
+    (XLA:CPU's oneDNN path, GPU tensor cores). This op computes the same forward value and,
+    for low-precision operands, rounds the cotangent to their dtype before the two products,
+    each accumulated in float32 and rounded once to its operand's dtype. That rounding is
+    exact, and the gradients equal JAX's own, whenever the output is rounded to that dtype
+    before any other use, as autocast and Flax's ``dtype=bfloat16`` modules do. Where the
+    output stays float32 (attention scores before a float32 softmax) it is the rounding
+    PyTorch's bfloat16 kernels make (its CPU flash attention rounds the scores' gradient
+    before both products). For float32 (or wider) operands it is ``lax.dot_general`` itself.
+
+    Args:
+      lhs, rhs, dimension_numbers, precision, preferred_element_type: as ``lax.dot_general``;
+        the signature of Flax's ``dot_general=`` hook (``nnx.Linear(..., dot_general=...)``).
+      **kwargs: passed to ``lax.dot_general`` (for example ``out_sharding``).
+
+    Returns:
+      ``lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type)``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from remat import ops
+      >>> x, w = jnp.ones((4, 8), jnp.bfloat16), jnp.ones((8, 2), jnp.bfloat16)
+      >>> dims = (((1,), (0,)), ((), ()))
+      >>> ops.dot_general(x, w, dims, preferred_element_type=jnp.float32).dtype
+      dtype('float32')
+      >>> jax.grad(lambda w: ops.dot_general(x, w, dims).astype(jnp.float32).sum())(w).dtype
+      dtype(bfloat16)
+    """
+    dtype = jnp.result_type(lhs, rhs)
+    if not jnp.issubdtype(dtype, jnp.floating) or jnp.finfo(dtype).bits >= 32:
+        return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                               preferred_element_type=preferred_element_type, **kwargs)
+    return _low_precision_dot(_normalized(dimension_numbers), precision, preferred_element_type,
+                              tuple(sorted(kwargs.items())), lhs, rhs)
+
+
+def _normalized(dimension_numbers: Any) -> DimensionNumbers:
+    (lc, rc), (lb, rb) = dimension_numbers
+    return (tuple(lc), tuple(rc)), (tuple(lb), tuple(rb))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _low_precision_dot(dimension_numbers, precision, preferred_element_type, kwargs, lhs, rhs):
+    return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                           preferred_element_type=preferred_element_type, **dict(kwargs))
+
+
+def _low_precision_dot_fwd(dimension_numbers, precision, preferred_element_type, kwargs, lhs, rhs):
+    out = _low_precision_dot(dimension_numbers, precision, preferred_element_type, kwargs, lhs, rhs)
+    return out, (lhs, rhs)
+
+
+def _low_precision_dot_bwd(dimension_numbers, precision, preferred_element_type, kwargs, residuals, g):
+    del preferred_element_type, kwargs
+    lhs, rhs = residuals
+    g = g.astype(jnp.result_type(lhs, rhs))
+    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
+    n_batch = len(lhs_batch)
+    lhs_free = tuple(d for d in range(lhs.ndim) if d not in lhs_contract and d not in lhs_batch)
+    rhs_free = tuple(d for d in range(rhs.ndim) if d not in rhs_contract and d not in rhs_batch)
+    # g's axes: batch, then lhs's free axes, then rhs's free axes
+    g_batch = tuple(range(n_batch))
+    g_lhs_free = tuple(range(n_batch, n_batch + len(lhs_free)))
+    g_rhs_free = tuple(range(n_batch + len(lhs_free), g.ndim))
+    lhs_cotangent = _cotangent(g, rhs, g_rhs_free, rhs_free, g_batch, rhs_batch, precision, lhs,
+                               [*lhs_batch, *lhs_free], _paired(rhs_contract, lhs_contract))
+    rhs_cotangent = _cotangent(g, lhs, g_lhs_free, lhs_free, g_batch, lhs_batch, precision, rhs,
+                               [*rhs_batch, *rhs_free], _paired(lhs_contract, rhs_contract))
+    return lhs_cotangent, rhs_cotangent
+
+
+def _paired(contract: tuple[int, ...], other: tuple[int, ...]) -> list[int]:
+    """``other``'s axes, in the order their partners in ``contract`` come in their operand."""
+    return [other[contract.index(d)] for d in sorted(contract)]
+
+
+def _cotangent(g: jax.Array, other: jax.Array, g_axes: tuple[int, ...], other_axes: tuple[int, ...],
+               g_batch: tuple[int, ...], other_batch: tuple[int, ...], precision: Any, operand: jax.Array,
+               from_g: list[int], from_other: list[int]) -> jax.Array:
+    """The cotangent of ``operand``: ``g`` contracted with the other operand over that operand's
+    free axes (batch axes kept), accumulated in float32 and rounded once to ``operand``'s dtype.
+
+    ``from_g`` and ``from_other`` name the operand axes the product's axes stand for, batch
+    axes first. The product takes whichever operand order gives them in the operand's own
+    order, so that no transpose follows it: XLA:CPU fails at run time ("DotThunk: BF16 x
+    BF16 = F32") on some bfloat16 products whose result it must transpose. Where neither
+    order does, it multiplies in float32, as JAX's own transpose rule does.
+    """
+    n_batch = len(g_batch)
+    batch, rest_g, rest_other = from_g[:n_batch], from_g[n_batch:], from_other
+    if batch + rest_g + rest_other == sorted(batch + rest_g + rest_other):
+        out = lax.dot_general(g, other, ((g_axes, other_axes), (g_batch, other_batch)), precision=precision,
+                              preferred_element_type=jnp.float32)
+    elif batch + rest_other + rest_g == sorted(batch + rest_other + rest_g):
+        out = lax.dot_general(other, g, ((other_axes, g_axes), (other_batch, g_batch)), precision=precision,
+                              preferred_element_type=jnp.float32)
+    else:
+        wide = jnp.float32
+        out = lax.dot_general(g.astype(wide), other.astype(wide), ((g_axes, other_axes), (g_batch, other_batch)),
+                              precision=precision)
+        order = batch + rest_g + rest_other
+        out = jnp.transpose(out, [order.index(d) for d in range(operand.ndim)])
+    return out.astype(operand.dtype)
+
+
+_low_precision_dot.defvjp(_low_precision_dot_fwd, _low_precision_dot_bwd)

@@ -1,0 +1,134 @@
+"""remat.ops.dot_general: lax.dot_general's values and gradients, with its backward products in bfloat16."""
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax import lax
+
+from remat import ops
+
+BF16, F32 = jnp.bfloat16, jnp.float32
+
+# (lhs shape, rhs shape, dimension numbers): a linear layer on 2-D and 3-D inputs, x @ w.T (an
+# LM head on a tied embedding), contractions over leading and several axes, attention's batched
+# q @ k.T and p @ v, and batch axes in different places on the two sides
+CASES = [
+    ((4, 8), (8, 3), (((1,), (0,)), ((), ()))),
+    ((2, 5, 8), (8, 3), (((2,), (0,)), ((), ()))),
+    ((1, 16, 8), (64, 8), (((2,), (1,)), ((), ()))),
+    ((8, 4), (8, 3), (((0,), (0,)), ((), ()))),
+    ((6, 2, 5), (5, 7, 6), (((0, 2), (2, 0)), ((), ()))),
+    ((2, 3, 5, 4), (2, 3, 6, 4), (((3,), (3,)), ((0, 1), (0, 1)))),
+    ((2, 3, 5, 6), (2, 3, 6, 4), (((3,), (2,)), ((0, 1), (0, 1)))),
+    ((3, 6, 2, 5), (5, 3, 7, 6), (((1, 3), (3, 0)), ((0,), (1,)))),
+]
+
+
+def _rounded(dot, dims, preferred):
+    """``dot(a, b)`` rounded once to bfloat16, as an autocast matmul or a Flax ``dtype=bf16`` layer uses it."""
+    return lambda a, b: dot(a, b, dims, preferred_element_type=preferred).astype(BF16)
+
+
+def _loss(f, weights):
+    return lambda a, b: (f(a, b).astype(F32) * weights).sum()
+
+
+@pytest.mark.parametrize("preferred", [None, F32], ids=["bf16-out", "f32-out"])
+@pytest.mark.parametrize("lhs_shape,rhs_shape,dims", CASES, ids=[str(c[2]) for c in CASES])
+def test_values_and_gradients_equal_lax_dot_general(lhs_shape, rhs_shape, dims, preferred):
+    rng = np.random.default_rng(0)
+    a = jnp.asarray(rng.normal(size=lhs_shape), BF16)
+    b = jnp.asarray(rng.normal(size=rhs_shape), BF16)
+    reference, ours = _rounded(lax.dot_general, dims, preferred), _rounded(ops.dot_general, dims, preferred)
+    np.testing.assert_array_equal(np.asarray(ours(a, b), F32), np.asarray(reference(a, b), F32))
+    weights = jnp.asarray(rng.normal(size=reference(a, b).shape), F32)
+    expected = jax.jit(jax.grad(_loss(reference, weights), (0, 1)))(a, b)
+    got = jax.jit(jax.grad(_loss(ours, weights), (0, 1)))(a, b)
+    for e, g in zip(expected, got):
+        assert g.dtype == e.dtype == BF16 and g.shape == e.shape
+        # the same float32 sums of the same bfloat16 products, rounded once: at these sizes the
+        # summation order cannot move a result across a bfloat16 rounding boundary
+        np.testing.assert_array_equal(np.asarray(g, F32), np.asarray(e, F32))
+
+
+def test_at_a_layer_size_the_gradients_differ_by_at_most_one_bfloat16_rounding():
+    """A [256, 576] x [576, 1536] layer: XLA:CPU's bfloat16 kernel and its float32 one sum in
+    different orders, so a float32 sum near a bfloat16 rounding boundary can round either way."""
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(size=(1, 256, 576)), BF16)
+    w = jnp.asarray(rng.normal(size=(576, 1536)) / 24, BF16)
+    dims = (((2,), (0,)), ((), ()))
+    weights = jnp.asarray(rng.normal(size=(1, 256, 1536)), F32)
+    expected = jax.jit(jax.grad(_loss(_rounded(lax.dot_general, dims, F32), weights), (0, 1)))(x, w)
+    got = jax.jit(jax.grad(_loss(_rounded(ops.dot_general, dims, F32), weights), (0, 1)))(x, w)
+    # each gradient's sum of absolute products: the scale of the float32 summation error
+    g_out = np.asarray((weights.astype(BF16)), F32)
+    scales = (np.abs(g_out) @ np.abs(np.asarray(w, F32)).T, np.abs(np.asarray(x, F32))[0].T @ np.abs(g_out[0]))
+    for e, g, scale in zip(expected, got, scales):
+        e, g = np.asarray(e, F32), np.asarray(g, F32)
+        # one bfloat16 rounding step of the result, plus float32 summation error (n eps of the sum of
+        # absolute terms, n = 1536 the longest sum)
+        bound = np.abs(e).reshape(scale.shape) * 2.0 ** -7 + 1536 * np.finfo(np.float32).eps * scale
+        assert np.all(np.abs(g - e).reshape(scale.shape) <= bound)
+        assert np.mean(g == e) > 0.95
+
+
+def _dot_operand_types(hlo: str) -> list[tuple[str, str]]:
+    types = dict(re.findall(r"(%[\w.\-]+) = (\w+)\[", hlo))
+    return [(types[a], types[b]) for a, b in re.findall(r"= \w+\[[^\]]*\][^ ]* dot\((%[\w.\-]+), (%[\w.\-]+)\)", hlo)]
+
+
+def test_every_backward_product_takes_bfloat16_operands():
+    """JAX's own transpose promotes the float32 cotangent's partner to float32: a float32 copy
+    of the weight, and float32 kernels. Here every product of the step multiplies bfloat16."""
+    x = jnp.ones((2, 16, 32), BF16)
+    w = jnp.ones((32, 64), F32)
+    dims = (((2,), (0,)), ((), ()))
+
+    def step(dot):
+        return jax.jit(jax.grad(lambda x, w: dot(x, w.astype(BF16), dims, preferred_element_type=F32)
+                                .astype(BF16).astype(F32).sum(), (0, 1)))
+
+    theirs = _dot_operand_types(step(lax.dot_general).lower(x, w).compile().as_text())
+    ours = _dot_operand_types(step(ops.dot_general).lower(x, w).compile().as_text())
+    assert ("f32", "f32") in theirs  # what this op exists to avoid
+    assert ours and all(t == ("bf16", "bf16") for t in ours)
+
+
+def test_float32_operands_are_lax_dot_general_itself():
+    x, w = jnp.ones((4, 8)), jnp.ones((8, 3))
+    dims = (((1,), (0,)), ((), ()))
+    jaxpr = jax.make_jaxpr(jax.grad(lambda x, w: ops.dot_general(x, w, dims).sum(), (0, 1)))(x, w)
+    reference = jax.make_jaxpr(jax.grad(lambda x, w: lax.dot_general(x, w, dims).sum(), (0, 1)))(x, w)
+    assert str(jaxpr) == str(reference)
+
+
+def test_as_flax_hook_a_bfloat16_mlp_trains_to_the_same_gradients_in_less_memory():
+    def mlp(dot_general):
+        rngs = nnx.Rngs(0)
+        return nnx.Sequential(*[nnx.Linear(64, 64, dtype=BF16, preferred_element_type=F32, rngs=rngs,
+                                           dot_general=dot_general) for _ in range(4)])
+
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(8, 64)), BF16)
+
+    def grad_step(model):
+        graph, params = nnx.split(model)
+
+        def loss(params):
+            h = x
+            for layer in nnx.merge(graph, params).layers:
+                h = layer(h).astype(BF16)  # the rounding autocast and dtype=bf16 layers make
+            return h.astype(F32).sum()
+
+        return jax.jit(jax.grad(loss)), params
+
+    (theirs, params), (ours, same_params) = grad_step(mlp(lax.dot_general)), grad_step(mlp(ops.dot_general))
+    for e, g in zip(jax.tree.leaves(theirs(params)), jax.tree.leaves(ours(same_params))):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(e))
+    temp = [f.lower(p).compile().memory_analysis().temp_size_in_bytes for f, p in ((theirs, params), (ours, params))]
+    assert temp[1] < temp[0]  # no float32 copy of a weight or an activation for the backward
