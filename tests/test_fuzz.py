@@ -22,7 +22,16 @@ from hypothesis import strategies as st
 
 @pytest.fixture(scope="module")
 def pool():
-    workers = Pool()
+    # one worker per dtype for the few cases of the default run (each worker is a fresh
+    # interpreter that imports JAX and compiles anew); two per dtype for the many (slow) ones
+    workers = Pool(per_dtype=1)
+    yield workers
+    workers.close()
+
+
+@pytest.fixture(scope="module")
+def pool_many():
+    workers = Pool(per_dtype=2)
     yield workers
     workers.close()
 
@@ -60,15 +69,15 @@ def test_nnx_stacks(pool, specs):
 @pytest.mark.slow
 @_settings(batches=95)
 @given(specs=_batches(function_cases(), 20))
-def test_function_programs_many(pool, specs):
-    _check(pool, specs)
+def test_function_programs_many(pool_many, specs):
+    _check(pool_many, specs)
 
 
 @pytest.mark.slow
 @_settings(batches=10)
 @given(specs=_batches(nnx_cases(), 10))
-def test_nnx_stacks_many(pool, specs):
-    _check(pool, specs)
+def test_nnx_stacks_many(pool_many, specs):
+    _check(pool_many, specs)
 
 
 # --- the suite's own machinery --------------------------------------------------------------
