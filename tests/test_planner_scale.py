@@ -66,7 +66,14 @@ def test_a_limit_in_bytes_is_the_compiled_footprint_on_one_device():
     assert p.device_bytes == compiled_device_bytes(p.apply(loss), WS, X) <= limit
     assert p.device_bytes < unchecked.device_bytes
     assert p.to_dict()["memory_limit_bytes"] == limit and p.to_dict()["device_bytes"] == p.device_bytes
-    # the same limit spelled with a unit
+
+
+# a third search of the same step: slow; in the default run test_a_limit_below_the_parameters_says_what_dominates
+# plans with a limit spelled with a unit, and test_parse_bytes_reads_si_and_iec_units reads the units
+@pytest.mark.slow
+def test_a_limit_spelled_with_a_unit_is_that_many_bytes():
+    unchecked = plan(loss, WS, X, memory_budget=1.0, measure=False)
+    limit = unchecked.footprint.fixed_bytes + unchecked.footprint.temp_bytes // 2
     spelled = plan(loss, WS, X, memory_limit=f"{limit / 2**10}KiB", measure=False)
     assert spelled.memory_limit_bytes == int(limit / 2**10 * 2**10) and spelled.device_bytes <= limit
 
@@ -102,8 +109,14 @@ def test_optimizer_state_among_the_arguments_is_told_apart():
     assert found.parts()["optimizer state"] == found.optimizer_bytes
 
 
-def test_a_saved_plan_loads_and_applies_with_equal_gradients(tmp_path):
-    p = plan(loss, WS, X, memory_budget=0.5, measure=False)
+@pytest.fixture(scope="module")
+def half_plan():
+    """The plan at half the budget, planned once for the tests below that only read it."""
+    return plan(loss, WS, X, memory_budget=0.5, measure=False)
+
+
+def test_a_saved_plan_loads_and_applies_with_equal_gradients(tmp_path, half_plan):
+    p = half_plan
     path = tmp_path / "plan.json"
     p.save(path)
     saved = json.loads(path.read_text())
@@ -117,8 +130,8 @@ def test_a_saved_plan_loads_and_applies_with_equal_gradients(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_plan_never_applies_to_other_regions(tmp_path):
-    p = plan(loss, WS, X, memory_budget=0.5, measure=False)
+def test_a_plan_never_applies_to_other_regions(tmp_path, half_plan):
+    p = half_plan
     with pytest.raises(ValueError, match="region 3 .* is missing"):
         jax.grad(p.apply(lambda ws, x: loss(ws[:3], x)))(WS, X)
     with pytest.raises(ValueError, match="reaches region 4"):
@@ -138,8 +151,8 @@ def test_a_plan_never_applies_to_other_regions(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_saved_plan_applies_in_a_new_process_with_bitwise_equal_gradients(tmp_path):
-    p = plan(loss, WS, X, memory_budget=0.5, measure=False)
+def test_a_saved_plan_applies_in_a_new_process_with_bitwise_equal_gradients(tmp_path, half_plan):
+    p = half_plan
     p.save(tmp_path / "plan.json")
     want = jax.jit(jax.grad(p.apply(loss)))(WS, X)
     np.save(tmp_path / "want.npy", np.concatenate([np.ravel(a) for a in jax.tree.leaves(want)]))
