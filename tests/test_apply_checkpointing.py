@@ -65,14 +65,16 @@ def _state_shapes(model: nnx.Module):
 
 # --- NNX -------------------------------------------------------------------------------
 
-def test_nnx_gradients_equal_and_one_region_per_selected_module():
-    model, plain, x = _mixer(), _mixer(), _x()
+# two blocks in the default run, the module's four (DEPTH) with the slow cases
+@pytest.mark.parametrize("depth", [2, pytest.param(DEPTH, marks=pytest.mark.slow)])
+def test_nnx_gradients_equal_and_one_region_per_selected_module(depth):
+    model, plain, x = _mixer(depth=depth), _mixer(depth=depth), _x()
     before = _state_shapes(model)
     assert _regions(model, x) == 0
     assert remat.apply_checkpointing(model, MixerBlock) is model  # NNX: changed in place, and returned
-    paths = [("blocks", i) for i in range(DEPTH)]
+    paths = [("blocks", i) for i in range(depth)]
     assert _state_shapes(model) == before  # the same nnx.state paths, shapes and dtypes
-    assert _regions(model, x) == DEPTH
+    assert _regions(model, x) == depth
     loss, state = _pure_loss(model)
     plain_loss, plain_state = _pure_loss(plain)
     grads = jax.jit(jax.grad(loss))(state, x)
@@ -209,18 +211,20 @@ def _linen_loss(model: nn.Module, deterministic: bool = False):
     return loss
 
 
-def test_linen_gradients_equal_names_kept_and_one_region_per_block():
-    model, x = LinenMixer(width=WIDTH), _x()
+# two blocks in the default run, LinenMixer's four with the slow cases
+@pytest.mark.parametrize("depth", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_linen_gradients_equal_names_kept_and_one_region_per_block(depth):
+    model, x = LinenMixer(width=WIDTH, depth=depth), _x()
     params = jax.jit(model.init)(jax.random.key(0), x)
     checkpointed = remat.apply_checkpointing(model, LinenBlock)
     assert type(checkpointed).__name__ == "LinenMixer" and checkpointed.width == model.width
     assert jax.tree.structure(jax.eval_shape(checkpointed.init, jax.random.key(0), x)) == jax.tree.structure(params)
-    assert remat.checkpointed(checkpointed) == [((f"LinenBlock_{i}",), None) for i in range(4)]
+    assert remat.checkpointed(checkpointed) == [((f"LinenBlock_{i}",), None) for i in range(depth)]
     loss, plain_loss = _linen_loss(checkpointed), _linen_loss(model)
     # dropout on: the recomputation draws the same mask
     assert_trees_close(jax.jit(jax.grad(loss))(params, x), jax.jit(jax.grad(plain_loss))(params, x),
                        rtol=1e-6, atol=1e-7)
-    assert count_remat_eqns(jax.make_jaxpr(jax.grad(loss))(params, x)) == 4
+    assert count_remat_eqns(jax.make_jaxpr(jax.grad(loss))(params, x)) == depth
     assert count_remat_eqns(jax.make_jaxpr(jax.grad(plain_loss))(params, x)) == 0
     assert remat.remove_checkpointing(checkpointed) == model
 

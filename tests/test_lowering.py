@@ -271,7 +271,11 @@ def _nnx_stack_temp(checkpointed: bool) -> int:
     return grads.lower(blocks, jnp.ones((256, 128))).compile().memory_analysis().temp_size_in_bytes
 
 
-@pytest.mark.parametrize("remat3", [False, pytest.param(True, marks=needs_remat3)])
+# remat3 on in the default run where JAX has it; off (JAX's default, whose savings
+# test_remat_saves_memory_in_unrolled_models checks in the default run) with the slow cases,
+# and in the default run on a JAX without jax_remat3
+@pytest.mark.parametrize("remat3", [pytest.param(False, marks=pytest.mark.slow if REMAT3 is not None else ()),
+                                    pytest.param(True, marks=needs_remat3)])
 def test_regions_keep_their_savings_whatever_the_remat3_setting(remat3):
     with remat3_set(remat3):  # the user's setting, thread-locally
         plain, ours = _tanh_stack_temp(lambda f: f), _tanh_stack_temp(remat.checkpoint)

@@ -206,8 +206,14 @@ class LinenList(nn.Module):
         return x
 
 
-@pytest.mark.parametrize("cls,n", [(LinenSeq, 5), (LinenList, 3)], ids=["nn.Sequential", "list"])
-def test_linen_sequential(cls, n):
+# every segment count of the list and, of nn.Sequential's five, 1, 2 (eager) and 5 in the default
+# run; all five with the slow cases
+@pytest.mark.parametrize("cls,n,counts", [
+    pytest.param(LinenSeq, 5, (1, 2, 5), id="nn.Sequential"),
+    pytest.param(LinenSeq, 5, (1, 2, 3, 4, 5), id="nn.Sequential-every-count", marks=pytest.mark.slow),
+    pytest.param(LinenList, 3, (1, 2, 3), id="list"),
+])
+def test_linen_sequential(cls, n, counts):
     params = cls(1, checkpointed=False).init(jax.random.key(0), X)
     assert jax.tree.structure(cls(2).init(jax.random.key(0), X)) == jax.tree.structure(params)
 
@@ -216,7 +222,7 @@ def test_linen_sequential(cls, n):
 
     g0 = jax.grad(loss)(params, 1, False)
     value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=(1, 2))
-    for s in range(1, n + 1):
+    for s in counts:
         v, g = value_and_grad(params, s) if s != 2 else jax.value_and_grad(loss)(params, s)  # eager once
         assert_trees_close(v, loss(params, 1, False))
         assert_trees_close(g, g0)
