@@ -80,6 +80,23 @@ def net_step(check=None, policy=None, head=32):
     return loss, params, jnp.ones((128, 32))
 
 
+_EXPLAINED: dict = {}
+
+
+def explained(key, build):
+    """``(loss, args, report)``: ``build()``'s step and ``explain`` of its gradient, made once
+    per ``key`` in this module (several tests read the same report; explaining compiles)."""
+    if key not in _EXPLAINED:
+        loss, *args = build()
+        _EXPLAINED[key] = loss, args, explain(jax.grad(loss), *args)
+    return _EXPLAINED[key]
+
+
+def _hidden_net():
+    """Every block checkpointed, keeping the values tagged 'hidden'."""
+    return net_step(check=lambda path: True, policy=["hidden"])
+
+
 def test_explain_is_the_plain_compilation_and_covers_its_temp_buffer():
     report = explain(jax.grad(tanh_mlp), W, X)
     assert report.temp_bytes == _temp(jax.grad(tanh_mlp), W, X)
@@ -96,8 +113,7 @@ def test_explain_is_the_plain_compilation_and_covers_its_temp_buffer():
 
 
 def test_module_paths_regions_and_the_policy_rule_of_each_residual():
-    loss, params, x = net_step(check=lambda path: True, policy=["hidden"])
-    report = explain(jax.grad(loss), params, x)
+    loss, (params, x), report = explained("hidden net", _hidden_net)
     assert report.temp_bytes == _temp(jax.grad(loss), params, x)
     kept = [b for b in report.temp_peak_buffers if b.kind == "residual" and b.region]
     named = [b for b in kept if "'hidden'" in (b.rule or "")]
@@ -115,8 +131,7 @@ def test_a_policy_that_matches_nothing_is_named_with_its_fix():
     warnings = explain(jax.grad(loss), params, x).warnings
     found = [w for w in warnings if "matches nothing" in w]
     assert len(found) == 4 and all("fix: policy=['hidden']" in w for w in found)
-    loss, params, x = net_step(check=lambda path: True, policy=["hidden"])
-    assert not [w for w in explain(jax.grad(loss), params, x).warnings if "matches nothing" in w]
+    assert not [w for w in explained("hidden net", _hidden_net)[2].warnings if "matches nothing" in w]
 
 
 def four_blocks(policy, width=16, batch=16):
@@ -143,8 +158,8 @@ POLICIES = [None, "nothing", "dots", "dots_no_batch", "everything", ["h"]]
 def test_every_policy_attributes_at_least_95_percent_of_four_blocks(policy, width, batch):
     """Small programs included, where XLA's alignment padding and the values of called
     computations (the CPU lowering's conditionals) are a large share of the temp buffer."""
-    loss, ws, x = four_blocks(policy, width, batch)
-    report = explain(jax.grad(loss), ws, x)
+    loss, (ws, x), report = explained(("four blocks", str(policy), width, batch),
+                                      lambda: four_blocks(policy, width, batch))
     assert report.temp_bytes == _temp(jax.grad(loss), ws, x)
     assert sum(b.bytes for b in report.temp_peak_buffers) == report.temp_bytes
     assert report.attributed_fraction >= 0.95, (policy, report.attributed_fraction, str(report))
@@ -163,8 +178,8 @@ def test_a_checkpoint_whose_policy_keeps_everything_is_named():
     found = [w for w in explain(jax.grad(whole), W, X).warnings if "recomputes nothing" in w]
     assert len(found) == 1 and "policy everything" in found[0] and "fix:" in found[0]
     assert _temp(jax.grad(loss), W, X) <= _temp(jax.grad(whole), W, X)  # the truth: no memory saved
-    loss4, ws, x = four_blocks("everything")
-    assert len([w for w in explain(jax.grad(loss4), ws, x).warnings if "recomputes nothing" in w]) == 4
+    _, (ws, x), report = explained(("four blocks", "everything", 16, 16), lambda: four_blocks("everything"))
+    assert len([w for w in report.warnings if "recomputes nothing" in w]) == 4
 
     def relu_blocks(ws, x):  # the backward recomputes relu's mask, which JAX does not save: still nothing saved
         for w in ws:
@@ -173,10 +188,10 @@ def test_a_checkpoint_whose_policy_keeps_everything_is_named():
 
     assert len([w for w in explain(jax.grad(relu_blocks), ws, x).warnings if "recomputes nothing" in w]) == 4
     for policy in ("nothing", "dots", ["h"]):
-        loss4, ws, x = four_blocks(policy)
-        assert not [w for w in explain(jax.grad(loss4), ws, x).warnings if "recomputes nothing" in w], policy
-    loss, params, x = net_step(check=lambda path: True, policy=["hidden"])  # keeps some, recomputes the rest
-    assert not [w for w in explain(jax.grad(loss), params, x).warnings if "recomputes nothing" in w]
+        report = explained(("four blocks", str(policy), 16, 16), lambda policy=policy: four_blocks(policy))[2]
+        assert not [w for w in report.warnings if "recomputes nothing" in w], policy
+    report = explained("hidden net", _hidden_net)[2]  # keeps some, recomputes the rest
+    assert not [w for w in report.warnings if "recomputes nothing" in w]
 
 
 def test_checkpointing_the_last_block_alone_is_named_and_really_saves_nothing():
