@@ -147,8 +147,10 @@ def test_rename_mapping_and_function():
 
 # --- compare_gradients -----------------------------------------------------------------
 
-# the transformer (the slowest) with the slow cases; its policies are checked by the command below
-@pytest.mark.parametrize("name", [n if n != "transformer" else pytest.param(n, marks=pytest.mark.slow)
+# the transformer (the slowest) with the slow cases; its policies are checked by the command below.
+# The CNN too: test_loss_mode_checkpoint_and_layout_options compares it in the default run (in
+# float64, in eval mode and in train mode), and the other models float32
+@pytest.mark.parametrize("name", [n if n not in ("cnn", "transformer") else pytest.param(n, marks=pytest.mark.slow)
                                   for n in MODELS])
 def test_every_model_float32(built, name):
     report = compare_gradients(*built[name])
