@@ -91,6 +91,9 @@ def test_default_search_plans_a_lax_scan_step():
     _assert_planned_by_default_search(*_lax_step())
 
 
+# slow: an nnx.scan traces to the lax.scan whose region test_default_search_plans_a_lax_scan_step
+# plans in the default run
+@pytest.mark.slow
 def test_default_search_plans_an_nnx_scan_over_an_nnx_vmap_stack():
     step, state, x = _nnx_step()
     assert survey(step, state, x).regions == 1
