@@ -68,7 +68,8 @@ def _low_precision_dot(dimension_numbers, precision, preferred_element_type, kwa
 
 
 def _low_precision_dot_fwd(dimension_numbers, precision, preferred_element_type, kwargs, lhs, rhs):
-    out = _low_precision_dot(dimension_numbers, precision, preferred_element_type, kwargs, lhs, rhs)
+    out = lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                          preferred_element_type=preferred_element_type, **dict(kwargs))
     return out, (lhs, rhs)
 
 
@@ -77,51 +78,48 @@ def _low_precision_dot_bwd(dimension_numbers, precision, preferred_element_type,
     lhs, rhs = residuals
     g = g.astype(jnp.result_type(lhs, rhs))
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
-    n_batch = len(lhs_batch)
     lhs_free = tuple(d for d in range(lhs.ndim) if d not in lhs_contract and d not in lhs_batch)
     rhs_free = tuple(d for d in range(rhs.ndim) if d not in rhs_contract and d not in rhs_batch)
     # g's axes: batch, then lhs's free axes, then rhs's free axes
-    g_batch = tuple(range(n_batch))
-    g_lhs_free = tuple(range(n_batch, n_batch + len(lhs_free)))
-    g_rhs_free = tuple(range(n_batch + len(lhs_free), g.ndim))
-    lhs_cotangent = _cotangent(g, rhs, g_rhs_free, rhs_free, g_batch, rhs_batch, precision, lhs,
-                               [*lhs_batch, *lhs_free], _paired(rhs_contract, lhs_contract))
-    rhs_cotangent = _cotangent(g, lhs, g_lhs_free, lhs_free, g_batch, lhs_batch, precision, rhs,
-                               [*rhs_batch, *rhs_free], _paired(lhs_contract, rhs_contract))
+    g_batch = tuple(range(len(lhs_batch)))
+    g_lhs_free = tuple(range(len(g_batch), len(g_batch) + len(lhs_free)))
+    g_rhs_free = tuple(range(len(g_batch) + len(lhs_free), g.ndim))
+    lhs_cotangent = _cotangent(g, rhs, ((g_rhs_free, rhs_free), (g_batch, tuple(rhs_batch))), lhs, precision,
+                               lhs_batch, lhs_free, _paired(rhs_contract, lhs_contract))
+    rhs_cotangent = _cotangent(g, lhs, ((g_lhs_free, lhs_free), (g_batch, tuple(lhs_batch))), rhs, precision,
+                               rhs_batch, rhs_free, _paired(lhs_contract, rhs_contract))
     return lhs_cotangent, rhs_cotangent
 
 
-def _paired(contract: tuple[int, ...], other: tuple[int, ...]) -> list[int]:
+def _paired(contract: tuple[int, ...], other: tuple[int, ...]) -> tuple[int, ...]:
     """``other``'s axes, in the order their partners in ``contract`` come in their operand."""
-    return [other[contract.index(d)] for d in sorted(contract)]
+    return tuple(other[contract.index(d)] for d in sorted(contract))
 
 
-def _cotangent(g: jax.Array, other: jax.Array, g_axes: tuple[int, ...], other_axes: tuple[int, ...],
-               g_batch: tuple[int, ...], other_batch: tuple[int, ...], precision: Any, operand: jax.Array,
-               from_g: list[int], from_other: list[int]) -> jax.Array:
-    """The cotangent of ``operand``: ``g`` contracted with the other operand over that operand's
-    free axes (batch axes kept), accumulated in float32 and rounded once to ``operand``'s dtype.
+def _cotangent(g: jax.Array, other: jax.Array, dimension_numbers: DimensionNumbers, operand: jax.Array,
+               precision: Any, batch: tuple[int, ...], from_g: tuple[int, ...],
+               from_other: tuple[int, ...]) -> jax.Array:
+    """The cotangent of ``operand``: ``dot_general(g, other, dimension_numbers)`` (``g``
+    contracted with the other operand over that operand's free axes), accumulated in float32
+    and rounded once to ``operand``'s dtype.
 
-    ``from_g`` and ``from_other`` name the operand axes the product's axes stand for, batch
-    axes first. The product takes whichever operand order gives them in the operand's own
-    order, so that no transpose follows it: XLA:CPU fails at run time ("DotThunk: BF16 x
-    BF16 = F32") on some bfloat16 products whose result it must transpose. Where neither
-    order does, it multiplies in float32, as JAX's own transpose rule does.
+    The product's axes stand for ``operand``'s axes ``batch``, then ``from_g``, then
+    ``from_other``. It takes whichever operand order gives them in the operand's own order,
+    so that no transpose follows it: XLA:CPU fails at run time ("DotThunk: BF16 x BF16 =
+    F32") on some bfloat16 products whose result it must transpose. Where neither order
+    does, it multiplies in float32, as JAX's own transpose rule does.
     """
-    n_batch = len(g_batch)
-    batch, rest_g, rest_other = from_g[:n_batch], from_g[n_batch:], from_other
-    if batch + rest_g + rest_other == sorted(batch + rest_g + rest_other):
-        out = lax.dot_general(g, other, ((g_axes, other_axes), (g_batch, other_batch)), precision=precision,
-                              preferred_element_type=jnp.float32)
-    elif batch + rest_other + rest_g == sorted(batch + rest_other + rest_g):
+    (g_axes, other_axes), (g_batch, other_batch) = dimension_numbers
+    g_first = (*batch, *from_g, *from_other)
+    if list(g_first) == sorted(g_first):
+        out = lax.dot_general(g, other, dimension_numbers, precision=precision, preferred_element_type=jnp.float32)
+    elif list((*batch, *from_other, *from_g)) == sorted(g_first):
         out = lax.dot_general(other, g, ((other_axes, g_axes), (other_batch, g_batch)), precision=precision,
                               preferred_element_type=jnp.float32)
     else:
         wide = jnp.float32
-        out = lax.dot_general(g.astype(wide), other.astype(wide), ((g_axes, other_axes), (g_batch, other_batch)),
-                              precision=precision)
-        order = batch + rest_g + rest_other
-        out = jnp.transpose(out, [order.index(d) for d in range(operand.ndim)])
+        out = lax.dot_general(g.astype(wide), other.astype(wide), dimension_numbers, precision=precision)
+        out = jnp.transpose(out, [g_first.index(d) for d in range(operand.ndim)])
     return out.astype(operand.dtype)
 
 
