@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fuzz.compare import assert_same
+from fuzz.compare import assert_no_less_accurate, assert_same
 from fuzz.pool import Pool, failure_report
 from fuzz.strategies import function_cases, nnx_cases
 from hypothesis import HealthCheck, Phase, given, settings
@@ -114,3 +114,12 @@ def test_the_comparison_is_exact_on_trees_dtypes_shapes_and_tolerances():
     for want in wrong:
         with pytest.raises(AssertionError):
             assert_same(a, want, 1e-6)
+
+
+def test_a_float32_result_is_judged_against_float64_by_the_plain_programs_own_error():
+    exact = np.array([1.0, -2.0, 3.0])
+    plain = (exact * (1 + 3e-5)).astype(np.float32)  # the plain float32 program's rounding
+    assert_no_less_accurate({"g": (exact * (1 - 3e-5)).astype(np.float32)}, {"g": plain}, {"g": exact}, 1e-6)
+    assert_no_less_accurate({"g": exact.astype(np.float32)}, {"g": exact.astype(np.float32)}, {"g": exact}, 1e-6)
+    with pytest.raises(AssertionError, match="from the float64 result"):
+        assert_no_less_accurate({"g": (exact * (1 + 2e-4)).astype(np.float32)}, {"g": plain}, {"g": exact}, 1e-6)

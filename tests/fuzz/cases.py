@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from .checkpointer import Plain, Remat
-from .compare import RTOL, assert_same
+from .compare import RTOL, assert_no_less_accurate, assert_same
 from .nnx_stacks import run_nnx
 from .programs import Program
 from .transforms import place, transform
@@ -44,8 +44,19 @@ def run_case(spec: dict) -> None:
     except Exception as e:
         raise InvalidSpec(f"the plain program fails: {type(e).__name__}: {e}") from e
     got = run(spec, Remat())
+    reference = None
     for k, (g, w) in enumerate(zip(got, want, strict=True)):
-        assert_same(g, w, RTOL[spec["dtype"]], what=f"result {k}")
+        try:
+            assert_same(g, w, RTOL[spec["dtype"]], what=f"result {k}")
+        except AssertionError:
+            if spec["dtype"] != "float32":
+                raise
+            # float32 second derivatives through softmax or exp lose more than rtol to rounding
+            # alone, and checkpointing reorders sums: the arbiter is the same program in float64
+            if reference is None:
+                with jax.enable_x64(True):
+                    reference = run(dict(spec, dtype="float64"), Plain())
+            assert_no_less_accurate(g, w, reference[k], RTOL["float32"], what=f"result {k}")
 
 
 def _selftest(action: str) -> None:

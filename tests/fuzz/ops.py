@@ -48,7 +48,10 @@ OPS: dict[str, Callable[[Any, dict], Any]] = {
     "batched_dot": lambda h, e: jnp.einsum("bij,bjk->bik", h[:, None, :],
                                            jnp.broadcast_to(e["w"], (h.shape[0], N, N)))[:, 0, :],
     "sum_bcast": lambda h, e: h + 0.1 * jnp.sum(h, axis=0, keepdims=True),
-    "max_sub": lambda h, e: h - jnp.max(h, axis=1, keepdims=True),
+    # the max's own gradient divides by how many elements equal it, which XLA may count as 0
+    # when it fuses the two uses of h differently (NaN without any checkpoint): stop it, as
+    # softmax stabilization does
+    "max_sub": lambda h, e: h - jax.lax.stop_gradient(jnp.max(h, axis=1, keepdims=True)),
     "mean_all": lambda h, e: h * jnp.mean(h),
     "softmax": lambda h, e: jax.nn.softmax(h, axis=-1),
     "reshape": lambda h, e: h.reshape(N, h.shape[0]).T,
