@@ -13,8 +13,10 @@ checkpointed with :func:`remat.checkpoint`, the twin's layer with HuggingFace's 
 activation checkpointing (``activation_checkpointing_enable``). Inside each layer the
 attention output is tagged ``"attn_out"`` and the SwiGLU product ``"mlp_hidden"``.
 
-The rotary tables, the RMSNorm statistics and the softmax are computed in the model's
-dtype. HuggingFace computes the rotary tables and RMSNorm in float32 whatever the model's
+The rotary tables and the RMSNorm statistics are computed in the model's dtype; the
+attention is :func:`remat.ops.scaled_dot_product_attention`, in tiles as PyTorch's CPU
+flash kernel computes it (scores and softmax in float32 or wider, the ``[b, h, t, t]``
+scores never kept). HuggingFace computes the rotary tables and RMSNorm in float32 whatever the model's
 dtype (and the softmax too with ``attn_implementation="eager"``; the twin keeps the default
 ``"sdpa"``), so a float64 check against the stock model cannot get below float32's
 rounding (:data:`TOLERANCES`; docs/crosscheck.md names the exact lines and the floor measured).
@@ -45,7 +47,7 @@ import remat
 from remat import ops
 from remat.models._hf import checkpoint_hf_layers, transformers_module
 from remat.models._settings import RematSettings, jax_block
-from remat.models._twin import build_pair, sdpa_like_torch, silu_like_torch
+from remat.models._twin import build_pair, silu_like_torch
 from remat.models._twin import token_inputs as example_inputs  # noqa: F401  (the registry's)
 from remat.models._twin import token_targets as example_targets  # noqa: F401  (the registry's)
 
@@ -129,10 +131,11 @@ class LlamaAttention(nnx.Module):
         q, k, v = heads(self.q_proj(x), self.heads), heads(self.k_proj(x), self.kv_heads), \
             heads(self.v_proj(x), self.kv_heads)
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        groups = self.heads // self.kv_heads  # HuggingFace's repeat_kv: each kv head serves `groups` q heads
-        k, v = jnp.repeat(k, groups, axis=1), jnp.repeat(v, groups, axis=1)
-        causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-        y = sdpa_like_torch(q, k, v, self.head_dim ** -0.5, causal, self.autocast_dtype)
+        if self.autocast_dtype is not None:
+            q, k, v = (a.astype(self.autocast_dtype) for a in (q, k, v))
+        # torch's CPU SDPA runs a flash kernel: tiles with an online softmax, the [b, h, t, t]
+        # scores never kept; enable_gqa is HuggingFace's repeat_kv without the copies
+        y = ops.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return self.o_proj(y.transpose(0, 2, 1, 3).reshape(b, t, self.heads * self.head_dim))
 
 

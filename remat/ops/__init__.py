@@ -25,7 +25,9 @@ softmax        output (mask not needed)     output (``masked_fill`` keeps a mask
 Also here: :func:`chunked_cross_entropy`, an LM head and its cross-entropy in one, chunked
 over tokens so that the ``[tokens, vocab]`` logits and their gradient never exist;
 :func:`dot_general`, a ``lax.dot_general`` whose backward products stay in bfloat16 (float32
-accumulation, one rounding) as PyTorch's do; and, for ports of PyTorch models: :class:`BatchNorm` (NNX) and
+accumulation, one rounding) as PyTorch's do; :func:`scaled_dot_product_attention`, PyTorch's
+attention call computed in tiles (flash attention), so the ``[..., L, S]`` scores and
+probabilities are never kept; and, for ports of PyTorch models: :class:`BatchNorm` (NNX) and
 :class:`LinenBatchNorm` (Linen), Flax's BatchNorm with PyTorch's running statistics.
 
 They compose with :func:`remat.checkpoint` and every policy (inside a checkpointed
@@ -47,10 +49,11 @@ References:
 """
 from __future__ import annotations
 
+from remat.ops._attention import scaled_dot_product_attention
 from remat.ops._batchnorm import BatchNorm, LinenBatchNorm
 from remat.ops._cross_entropy import chunked_cross_entropy
 from remat.ops._dot import dot_general
 from remat.ops._lean import LayerNorm, gelu, layer_norm, relu, softmax, tanh
 
 __all__ = ["layer_norm", "gelu", "relu", "tanh", "softmax", "LayerNorm", "BatchNorm", "LinenBatchNorm",
-           "chunked_cross_entropy", "dot_general"]
+           "chunked_cross_entropy", "dot_general", "scaled_dot_product_attention"]

@@ -1,0 +1,226 @@
+"""remat.ops.scaled_dot_product_attention: PyTorch's call, computed in tiles (flash attention)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from remat import checkpoint, ops
+from remat.analysis import saved_residuals
+
+
+def _reference(q, k, v, mask=None, causal=False, gqa=False):
+    """The attention written out: the whole [..., L, S] scores, softmax, then @ v."""
+    if gqa:
+        group = q.shape[-3] // k.shape[-3]
+        k, v = jnp.repeat(k, group, -3), jnp.repeat(v, group, -3)
+    s = jnp.einsum("...qe,...ke->...qk", q, k, precision="highest") * q.shape[-1] ** -0.5
+    if causal:
+        s = jnp.where(jnp.tri(*s.shape[-2:], dtype=bool), s, -jnp.inf)
+    if mask is not None:
+        s = jnp.where(mask, s, -jnp.inf) if mask.dtype == bool else s + mask
+    p = jax.nn.softmax(s, -1)
+    return jnp.einsum("...qk,...ke->...qe", jnp.where(jnp.isnan(p), 0.0, p), v, precision="highest")
+
+
+_rng = np.random.default_rng(0)
+
+CASES = {
+    "plain": dict(q=(2, 3, 10, 4), k=(2, 3, 10, 4), v=(2, 3, 10, 5), chunk=4),
+    "causal": dict(q=(2, 3, 10, 4), k=(2, 3, 10, 4), v=(2, 3, 10, 5), chunk=4, causal=True),
+    "causal one tile": dict(q=(1, 2, 9, 4), k=(1, 2, 9, 4), v=(1, 2, 9, 4), chunk=128, causal=True),
+    "causal, keys longer": dict(q=(1, 2, 5, 4), k=(1, 2, 11, 4), v=(1, 2, 11, 4), chunk=3, causal=True),
+    "fewer keys, chunk 3": dict(q=(2, 3, 10, 4), k=(2, 3, 7, 4), v=(2, 3, 7, 5), chunk=3),
+    "causal, tiles (4, 3)": dict(q=(1, 2, 10, 4), k=(1, 2, 10, 4), v=(1, 2, 10, 4), chunk=(4, 3), causal=True),
+    "causal, tiles (2, 5)": dict(q=(1, 2, 10, 4), k=(1, 2, 10, 4), v=(1, 2, 10, 4), chunk=(2, 5), causal=True),
+    "gqa causal": dict(q=(2, 6, 10, 4), k=(2, 3, 13, 4), v=(2, 3, 13, 5), chunk=4, gqa=True, causal=True),
+    "gqa float mask per head": dict(q=(2, 6, 10, 4), k=(2, 3, 13, 4), v=(2, 3, 13, 5), chunk=4, gqa=True,
+                                    mask=("normal", (1, 6, 10, 13))),
+    "gqa padding mask": dict(q=(2, 6, 10, 4), k=(2, 3, 13, 4), v=(2, 3, 13, 5), chunk=5, gqa=True,
+                             mask=("normal", (2, 1, 1, 13))),
+    "bool mask (L, S)": dict(q=(2, 3, 10, 4), k=(2, 3, 13, 4), v=(2, 3, 13, 5), chunk=4, mask=("bool", (10, 13))),
+    "rows with no key": dict(q=(2, 3, 10, 4), k=(2, 3, 13, 4), v=(2, 3, 13, 5), chunk=4,
+                             mask=("sparse", (2, 1, 10, 13))),
+    "no batch axes": dict(q=(10, 4), k=(13, 4), v=(13, 5), chunk=64, mask=("normal", (10, 13))),
+}
+
+
+def _draw(case, dtype):
+    q, k, v = (jnp.asarray(_rng.normal(size=case[n]), dtype) for n in "qkv")
+    mask = None
+    if "mask" in case:
+        kind, shape = case["mask"]
+        mask = {"normal": lambda: jnp.asarray(_rng.normal(size=shape), dtype),
+                "bool": lambda: jnp.asarray(_rng.random(shape) > 0.3),
+                "sparse": lambda: jnp.asarray(_rng.random(shape) > 0.9)}[kind]()
+    return q, k, v, mask
+
+
+def _both(case):
+    def tiled(q, k, v, mask):
+        return ops.scaled_dot_product_attention(q, k, v, mask, is_causal=case.get("causal", False),
+                                                enable_gqa=case.get("gqa", False), chunk=case["chunk"])
+
+    def whole(q, k, v, mask):
+        return _reference(q, k, v, mask, case.get("causal", False), case.get("gqa", False))
+
+    return tiled, whole
+
+
+#: the default run: these in float32, two of them in float64; the rest are marked slow
+FAST = {jnp.float32: ("plain", "causal", "causal, tiles (4, 3)", "gqa causal", "gqa float mask per head",
+                      "bool mask (L, S)", "rows with no key"),
+        jnp.float64: ("gqa causal", "bool mask (L, S)")}
+
+
+@pytest.mark.parametrize("name, dtype", [
+    pytest.param(name, dtype, marks=() if name in FAST[dtype] else pytest.mark.slow)
+    for dtype in (jnp.float32, jnp.float64) for name in CASES])
+def test_values_and_gradients_equal_the_whole_softmax(name, dtype):
+    with jax.enable_x64(dtype == jnp.float64):
+        _check_values_and_gradients(CASES[name], dtype)
+
+
+def _check_values_and_gradients(case, dtype):
+    q, k, v, mask = _draw(case, dtype)
+    tiled, whole = _both(case)
+    out = jax.jit(tiled)(q, k, v, mask)
+    np.testing.assert_allclose(out, whole(q, k, v, mask), rtol=1e-5, atol=1e-5 if dtype == jnp.float32 else 1e-12)
+    cotangent = jnp.asarray(_rng.normal(size=out.shape), dtype)
+    wrt = (0, 1, 2, 3) if mask is not None and mask.dtype != bool else (0, 1, 2)
+    got = jax.jit(jax.grad(lambda *a: (tiled(*a) * cotangent).sum(), wrt))(q, k, v, mask)
+    want = jax.grad(lambda *a: (whole(*a) * cotangent).sum(), wrt)(q, k, v, mask)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 if dtype == jnp.float32 else 1e-12)
+    assert np.all(np.isfinite(np.asarray(got[0])))
+
+
+def test_a_query_no_key_may_attend_to_gets_zeros_and_zero_gradients():
+    q, k, v = (jnp.ones((1, 4, 3)) for _ in range(3))
+    mask = jnp.array([[True] * 5, [False] * 5, [True] * 5, [False] * 5])[None, :, :4]
+    out = ops.scaled_dot_product_attention(q, k, v, mask, chunk=2)
+    np.testing.assert_array_equal(out[0, 1], 0.0)
+    dq = jax.grad(lambda q: ops.scaled_dot_product_attention(q, k, v, mask, chunk=2).sum())(q)
+    np.testing.assert_array_equal(dq[0, 3], 0.0)
+
+
+def test_bfloat16_stays_within_one_rounding_of_the_float32_result():
+    case = CASES["gqa causal"] | {"q": (2, 6, 64, 16), "k": (2, 3, 64, 16), "v": (2, 3, 64, 16), "chunk": 16}
+    q, k, v, _ = _draw(case, jnp.float32)
+    tiled, whole = _both(case)
+    low = [a.astype(jnp.bfloat16) for a in (q, k, v)]
+    out = jax.jit(tiled)(*low, None)
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(out.astype(jnp.float32), whole(*low, None), atol=2e-2, rtol=2e-2)
+    grads = jax.jit(jax.grad(lambda *a: tiled(*a, None).astype(jnp.float32).sum(), (0, 1, 2)))(*low)
+    exact = jax.grad(lambda *a: whole(*a, None).sum(), (0, 1, 2))(*(a.astype(jnp.float32) for a in low))
+    for g, w in zip(grads, exact, strict=True):
+        assert g.dtype == jnp.bfloat16
+        scale = float(jnp.abs(w).max())
+        assert float(jnp.abs(g.astype(jnp.float32) - w).max()) < 3e-2 * scale
+
+
+def test_the_scores_are_never_kept_and_the_compiled_temp_is_far_smaller():
+    b, h, length, e = 1, 4, 1024, 32
+    q = k = v = jnp.zeros((b, h, length, e))
+    scores_bytes = b * h * length * length * 4
+
+    def loss(attention):
+        return lambda q, k, v: attention(q, k, v).sum()
+
+    def tiled(q, k, v):
+        return ops.scaled_dot_product_attention(q, k, v, is_causal=True, chunk=128)
+
+    def whole(q, k, v):
+        return _reference(q, k, v, causal=True)
+
+    saved = saved_residuals(loss(tiled), q, k, v)
+    assert saved and all(np.prod(r.shape) < length * length for r in saved), saved
+    temp = {name: jax.jit(jax.grad(loss(f), (0, 1, 2))).lower(q, k, v).compile().memory_analysis().temp_size_in_bytes
+            for name, f in (("tiled", tiled), ("whole", whole))}
+    assert temp["tiled"] < scores_bytes / 4 < temp["whole"], temp
+
+
+def test_composes_with_checkpoint_vmap_and_scan():
+    q, k, v, _ = _draw(CASES["gqa causal"], jnp.float32)
+
+    def layer(x, _):
+        y = ops.scaled_dot_product_attention(x, k, v, is_causal=True, enable_gqa=True, chunk=4)
+        return jnp.tanh(y[..., :4] + x), None
+
+    def stack(x, policy):
+        body = checkpoint(layer, policy=policy) if policy else layer
+        return lax_scan_sum(body, x)
+
+    def lax_scan_sum(body, x):
+        return jax.lax.scan(body, x, None, length=3)[0].sum()
+
+    want = jax.grad(stack)(q, None)
+    for policy in ("nothing", "dots"):
+        np.testing.assert_allclose(jax.jit(jax.grad(stack), static_argnums=1)(q, policy), want, rtol=1e-5, atol=1e-6)
+    per_batch = jax.vmap(lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, is_causal=True, chunk=4))
+    qs, ks, vs = (a.reshape(-1, *a.shape[-2:])[:3] for a in (q, k, k))
+    np.testing.assert_allclose(per_batch(qs, ks, vs), _reference(qs, ks, vs, causal=True), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_dropout_is_deterministic_per_key_and_its_gradient_is_exact():
+    with jax.enable_x64(True):  # the numerical gradient check needs float64
+        _check_dropout()
+
+
+def _check_dropout():
+    q, k, v, _ = _draw(CASES["causal"], jnp.float64)
+    rng = jax.random.key(3)
+
+    def attend(q, k, v, key=rng):
+        return ops.scaled_dot_product_attention(q, k, v, dropout_p=0.25, is_causal=True, dropout_rng=key, chunk=4)
+
+    np.testing.assert_array_equal(attend(q, k, v), attend(q, k, v))
+    assert not np.allclose(attend(q, k, v), attend(q, k, v, jax.random.key(4)))
+    assert not np.allclose(attend(q, k, v), _reference(q, k, v, causal=True))
+    check_grads(attend, (q, k, v), order=1, modes=["rev"])
+
+
+def test_dropout_keeps_the_expected_value():
+    q, k, v, _ = _draw(CASES["plain"] | {"q": (1, 1, 64, 4), "k": (1, 1, 64, 4), "v": (1, 1, 64, 4)}, jnp.float32)
+    outs = jax.vmap(lambda key: ops.scaled_dot_product_attention(q, k, v, dropout_p=0.5, dropout_rng=key, chunk=16))(
+        jax.random.split(jax.random.key(0), 400))
+    np.testing.assert_allclose(outs.mean(0), _reference(q, k, v), atol=0.1)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda q: ops.scaled_dot_product_attention(q, q[..., :3], q), "must be"),
+    (lambda q: ops.scaled_dot_product_attention(q, q, q, jnp.ones((4, 4), bool), is_causal=True), "not both"),
+    (lambda q: ops.scaled_dot_product_attention(q, q, q, dropout_p=0.1), "needs dropout_rng"),
+    (lambda q: ops.scaled_dot_product_attention(q, q, q, dropout_p=1.0), "dropout_p must be"),
+    (lambda q: ops.scaled_dot_product_attention(q, q, q, chunk=0), "chunk must be"),
+    (lambda q: ops.scaled_dot_product_attention(q, q, q, jnp.ones((3, 5))), "does not broadcast"),
+    (lambda q: ops.scaled_dot_product_attention(q, q, q, jnp.ones((4, 4), jnp.int32)), "boolean or floating"),
+    (lambda q: ops.scaled_dot_product_attention(q, q[:, :2], q[:, :2], enable_gqa=False), "do not broadcast"),
+    (lambda q: ops.scaled_dot_product_attention(q[:, :3], q[:, :2], q[:, :2], enable_gqa=True), "multiple"),
+])
+def test_errors_are_one_line_and_name_the_argument(call, message):
+    q = jnp.ones((2, 4, 4, 8))
+    with pytest.raises(ValueError, match=message) as raised:
+        call(q)
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_torch_scaled_dot_product_attention(causal):
+    torch = pytest.importorskip("torch")
+    q, k, v, _ = _draw(CASES["gqa causal"] | {"q": (2, 6, 33, 8), "k": (2, 3, 33, 8), "v": (2, 3, 33, 8)},
+                       jnp.float32)
+    tq, tk, tv = (torch.tensor(np.asarray(a), requires_grad=True) for a in (q, k, v))
+    expected = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, enable_gqa=True)
+    expected.pow(2).sum().backward()
+    out = ops.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True, chunk=16)
+    np.testing.assert_allclose(out, expected.detach().numpy(), rtol=1e-5, atol=1e-6)
+    grads = jax.grad(lambda *a: (ops.scaled_dot_product_attention(*a, is_causal=causal, enable_gqa=True,
+                                                                   chunk=16) ** 2).sum(), (0, 1, 2))(q, k, v)
+    for g, t in zip(grads, (tq, tk, tv), strict=True):
+        np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-4, atol=1e-5)
