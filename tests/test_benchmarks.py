@@ -394,3 +394,16 @@ def test_foreign_plan_tiny(capsys):
                               "--results", ""]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert rows[0].startswith("| step |") and len(rows) == 2 + len(foreign_plan.CASES)
+
+
+@pytest.mark.slow
+def test_attention_benchmark_tiny(capsys):
+    from benchmarks import attention
+
+    assert attention.main(["--seq", "32", "--dtypes", "float32", "--rounds", "1", "--steps", "1", "--results", ""]) == 0
+    rows = [line.strip("| ").split(" | ") for line in capsys.readouterr().out.splitlines()[2:]]
+    variants = [row[1] for row in rows]
+    assert variants[:2] == ["written out", "remat.ops, chunk 64"] and len(variants) >= 1 + len(attention.CHUNKS)
+    assert all(float(row[2]) > 0 for row in rows)
+    tiled = [float(row[3]) for row in rows if row[1].startswith("remat.ops")]
+    assert all(t > 0 for t in tiled)
