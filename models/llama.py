@@ -110,15 +110,20 @@ def _rotate_half(x: jax.Array) -> jax.Array:
     return jnp.concatenate([-x2, x1], axis=-1)
 
 
+#: every projection's product: remat.ops.dot_general (a dense layer's backward as two 2-D
+#: products; in bfloat16, products in bfloat16 as PyTorch's)
+_DENSE = {"dot_general": ops.dot_general}
+
+
 class LlamaAttention(nnx.Module):
     """Causal grouped-query self-attention with rotary embeddings, ``(B, T, C) -> (B, T, C)``."""
 
     def __init__(self, config: LlamaConfig, *, rngs: nnx.Rngs):
         hd = config.head_dim
-        self.q_proj = nnx.Linear(config.width, config.heads * hd, use_bias=False, rngs=rngs)
-        self.k_proj = nnx.Linear(config.width, config.kv_heads * hd, use_bias=False, rngs=rngs)
-        self.v_proj = nnx.Linear(config.width, config.kv_heads * hd, use_bias=False, rngs=rngs)
-        self.o_proj = nnx.Linear(config.heads * hd, config.width, use_bias=False, rngs=rngs)
+        self.q_proj = nnx.Linear(config.width, config.heads * hd, use_bias=False, **_DENSE, rngs=rngs)
+        self.k_proj = nnx.Linear(config.width, config.kv_heads * hd, use_bias=False, **_DENSE, rngs=rngs)
+        self.v_proj = nnx.Linear(config.width, config.kv_heads * hd, use_bias=False, **_DENSE, rngs=rngs)
+        self.o_proj = nnx.Linear(config.heads * hd, config.width, use_bias=False, **_DENSE, rngs=rngs)
         self.heads, self.kv_heads, self.head_dim = config.heads, config.kv_heads, hd
         self.autocast_dtype = None  # bfloat16 under an emulated torch.autocast (remat.crosscheck.autocast)
 
@@ -143,9 +148,9 @@ class LlamaMLP(nnx.Module):
     """SwiGLU: ``down_proj(silu(gate_proj(x)) * up_proj(x))``; the product is tagged."""
 
     def __init__(self, config: LlamaConfig, *, rngs: nnx.Rngs):
-        self.gate_proj = nnx.Linear(config.width, config.mlp_width, use_bias=False, rngs=rngs)
-        self.up_proj = nnx.Linear(config.width, config.mlp_width, use_bias=False, rngs=rngs)
-        self.down_proj = nnx.Linear(config.mlp_width, config.width, use_bias=False, rngs=rngs)
+        self.gate_proj = nnx.Linear(config.width, config.mlp_width, use_bias=False, **_DENSE, rngs=rngs)
+        self.up_proj = nnx.Linear(config.width, config.mlp_width, use_bias=False, **_DENSE, rngs=rngs)
+        self.down_proj = nnx.Linear(config.mlp_width, config.width, use_bias=False, **_DENSE, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         h = remat.checkpoint_name(silu_like_torch(self.gate_proj(x)) * self.up_proj(x), "mlp_hidden")
@@ -207,7 +212,7 @@ class LlamaForCausalLM(nnx.Module):
     def __init__(self, config: LlamaConfig, *, rngs: nnx.Rngs):
         self.model = LlamaModel(config, rngs=rngs)
         if not config.tie_embeddings:
-            self.lm_head = nnx.Linear(config.width, config.vocab, use_bias=False, rngs=rngs)
+            self.lm_head = nnx.Linear(config.width, config.vocab, use_bias=False, **_DENSE, rngs=rngs)
         self.autocast_dtype = None  # bfloat16 under an emulated torch.autocast (remat.crosscheck.autocast)
 
     def hidden(self, ids: jax.Array) -> jax.Array:

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import _subjaxprs
 from flax import nnx
 from jax import lax
 
@@ -100,12 +101,37 @@ def test_every_backward_product_takes_bfloat16_operands():
     assert ours and all(t == ("bf16", "bf16") for t in ours)
 
 
-def test_float32_operands_are_lax_dot_general_itself():
-    x, w = jnp.ones((4, 8)), jnp.ones((8, 3))
-    dims = (((1,), (0,)), ((), ()))
+def test_float32_operands_outside_a_dense_layer_are_lax_dot_general_itself():
+    x, w = jnp.ones((4, 8)), jnp.ones((3, 8))
+    dims = (((1,), (1,)), ((), ()))  # x @ w.T, a tied LM head's form
     jaxpr = jax.make_jaxpr(jax.grad(lambda x, w: ops.dot_general(x, w, dims).sum(), (0, 1)))(x, w)
     reference = jax.make_jaxpr(jax.grad(lambda x, w: lax.dot_general(x, w, dims).sum(), (0, 1)))(x, w)
     assert str(jaxpr) == str(reference)
+
+
+def test_a_float32_dense_layer_differentiates_as_two_2d_products():
+    """JAX's transpose contracts the 3-D input and cotangent over two axes, which XLA:CPU
+    lowers with a transposed copy of one of them; the dense form's backward is 2-D."""
+    rng = np.random.default_rng(1)
+    x, w = jnp.asarray(rng.normal(size=(2, 5, 8)), F32), jnp.asarray(rng.normal(size=(8, 3)), F32)
+    weights = jnp.asarray(rng.normal(size=(2, 5, 3)), F32)
+    dims = (((2,), (0,)), ((), ()))
+    np.testing.assert_array_equal(ops.dot_general(x, w, dims), lax.dot_general(x, w, dims))
+    got = jax.grad(lambda x, w: (ops.dot_general(x, w, dims) * weights).sum(), (0, 1))(x, w)
+    want = jax.grad(lambda x, w: (lax.dot_general(x, w, dims) * weights).sum(), (0, 1))(x, w)
+    for g, e in zip(got, want, strict=True):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        np.testing.assert_allclose(g, e, rtol=1e-6, atol=1e-6)
+    backward = jax.make_jaxpr(jax.grad(lambda x, w: (ops.dot_general(x, w, dims) * weights).sum(), (0, 1)))(x, w)
+    products = [e for e in _equations(backward.jaxpr) if e.primitive.name == "dot_general"]
+    assert len(products) == 3 and all(v.aval.ndim == 2 for e in products[1:] for v in e.invars)
+
+
+def _equations(jaxpr):
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in _subjaxprs(eqn.params):
+            yield from _equations(sub)
 
 
 def test_as_flax_hook_a_bfloat16_mlp_trains_to_the_same_gradients_in_less_memory():
