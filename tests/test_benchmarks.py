@@ -407,3 +407,22 @@ def test_attention_benchmark_tiny(capsys):
     assert all(float(row[2]) > 0 for row in rows)
     tiled = [float(row[3]) for row in rows if row[1].startswith("remat.ops")]
     assert all(t > 0 for t in tiled)
+
+
+def test_hf_profile_sorts_both_frameworks_ops_into_the_same_kinds():
+    from benchmarks import hf_profile
+
+    assert hf_profile.hlo_kind_name("wrapped_tanh.2") == "tanh"
+    assert hf_profile.hlo_kind_name("add_select_fusion.3.1") == "add_select_fusion"
+    xla = {"ynn_fusion": 10.0, "dot": 2.0, "copy_bitcast_fusion": 3.0, "subtract_exponential_fusion": 4.0,
+           "transpose": 1.0, "reduce": 0.5}
+    torch = {"aten::mm": 8.0, "aten::_scaled_dot_product_flash_attention_for_cpu": 2.0, "aten::mul": 1.0,
+             "aten::copy_": 0.5, "autograd::engine": 0.25}
+    xla_kinds = hf_profile.by_kind(xla, hf_profile._XLA_KINDS)
+    torch_kinds = hf_profile.by_kind(torch, hf_profile._TORCH_KINDS)
+    assert xla_kinds["matrix products"] == 12.0 and xla_kinds["data movement"] == 4.0
+    assert xla_kinds["element-wise and reductions"] == 4.5 and xla_kinds["attention"] == 0.0
+    assert torch_kinds == {"matrix products": 8.0, "attention": 2.0, "element-wise and reductions": 1.0,
+                           "data movement": 0.5, "other": 0.25}
+    table = hf_profile.markdown(torch, xla)
+    assert "| matrix products | 8 | 12 | 1.50 |" in table and "| total | 12 | 20 | 1.74 |" in table
