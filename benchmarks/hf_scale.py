@@ -54,6 +54,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.results import write_result
+
 ROOT = Path(__file__).resolve().parent.parent
 TORCH_VARIANTS = ("eager", "hf_checkpoint", "compile", "compile_budget_0.5", "compile_budget_0")
 REMAT_VARIANTS = ("no_checkpoint", "nothing", "no_checkpoint_chunked_ce", "nothing_chunked_ce", "plan",
@@ -547,10 +549,57 @@ def gradient_check(config_name: str = "smollm-135m", seed: int = 0) -> dict[str,
     def rel(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
         return {n: float(np.max(np.abs(a[n] - b[n])) / max(float(np.max(np.abs(b[n]))), 1e-30)) for n in b}
 
+    own = _own_float32_errors(jax_model, torch_model, inputs)
     return {"config": config_name, "seq_len": config.seq_len, "batch_size": config.batch, "ok": report.ok,
             "remat_vs_torch": _distribution(remat_vs_torch), "torch_1_vs_2_threads": _distribution(rel(one, two)),
             "torch_float32_vs_float64": _distribution(rel(two, wide)),
+            "remat_float32_vs_float64": _distribution({n: e for n, (e, _) in own.items()}),
+            "worst_own_error_ratio": _worst_ratio(own),
             "outputs_rel": {r.name: r.max_rel for r in report.rows if r.kind == "output"}}
+
+
+def gradients_markdown(result: dict[str, Any]) -> str:
+    """The result of :func:`gradient_check` as a Markdown table and its worst tensors."""
+    rows = (("remat vs PyTorch, both float32", "remat_vs_torch"),
+            ("remat float32 vs the float64 twin", "remat_float32_vs_float64"),
+            ("PyTorch float32 vs the float64 twin", "torch_float32_vs_float64"),
+            ("PyTorch float32, 1 thread vs 2 threads", "torch_1_vs_2_threads"))
+    lines = [f"{result['config']}, seq {result['seq_len']}, batch {result['batch_size']}: the relative error "
+             "`max|a - b| / max|b|` of each parameter gradient, every layer checkpointed on both sides.", "",
+             "| | tensors | median | p90 | max | worst |", "|---|---|---|---|---|---|"]
+    for title, key in rows:
+        d = result[key]
+        lines.append(f"| {title} | {d['tensors']} | {d['median']:.3g} | {d['p90']:.3g} | {d['max']:.3g} | "
+                     f"`{d['worst'][0][0]}` |")
+    w = result["worst_own_error_ratio"]
+    lines += ["", f"The largest ratio of remat's float32 error to PyTorch's on one tensor: {w['ratio']:.2f} "
+              f"(`{w['name']}`, {w['remat']:.3g} against {w['torch']:.3g})."]
+    return "\n".join(lines) + "\n"
+
+
+def _own_float32_errors(jax_model: Any, torch_model: Any, inputs: Any) -> dict[str, tuple[float, float]]:
+    """Each parameter gradient's float32 error against the float64 twin: ``{name: (remat's, PyTorch's)}``.
+
+    Both float32 runs are measured against the same float64 truth (PyTorch in float64), the
+    crosscheck's precision criterion (:mod:`remat.crosscheck.precision`) applied to float32.
+    """
+    from remat.crosscheck.outputs import jax_sum, selectors, torch_sum
+    from remat.crosscheck.precision_runs import precision_gradients
+    from remat.crosscheck.weights import TorchNaming, _variables
+
+    naming = TorchNaming(torch_model, None, None, list(_variables(jax_model)))
+    report = precision_gradients(jax_model, torch_model, tuple(inputs), precision="float32", modes=("train",),
+                                 checkpoint=False, losses=(jax_sum, torch_sum), selectors=selectors(None),
+                                 channels_last=False, naming=naming)
+    return {r.name: (r.err_jax, r.err_torch) for r in report.rows if r.kind == "param"}
+
+
+def _worst_ratio(own: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    """The tensor whose remat error is the largest multiple of PyTorch's own (float32 eps as the floor)."""
+    eps = 2.0 ** -24
+    name = max(own, key=lambda n: own[n][0] / max(own[n][1], eps))
+    remat_err, torch_err = own[name]
+    return {"name": name, "ratio": remat_err / max(torch_err, eps), "remat": remat_err, "torch": torch_err}
 
 
 # --------------------------------------------------------------------------------------
@@ -592,6 +641,7 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         result = gradient_check(args.config)
         (out / "hf_scale_gradients.json").write_text(json.dumps(result, indent=1))
+        write_result(str(out), "hf_scale_gradients", gradients_markdown(result), argv, module="benchmarks.hf_scale")
         print(json.dumps(result, indent=1))
         return 0 if result["ok"] else 1
     only = args.only.split(",") if args.only else None

@@ -98,13 +98,16 @@ def test_targets_and_report(tmp_path):
 
 @pytest.mark.slow
 def test_smollm_135m_float32_gradients_match_pytorch_at_full_depth():
-    """Criterion 1: every tensor within twice PyTorch's own float32 error, 30 layers checkpointed on both sides."""
+    """Criterion 1: remat's float32 error no more than twice PyTorch's own, 30 layers checkpointed on both sides."""
     result = hf_scale.gradient_check("smollm-135m")
     assert result["ok"]
     assert result["remat_vs_torch"]["tensors"] == 272  # 30 x 9 + norm + embedding (the head is tied)
     assert result["remat_vs_torch"]["max"] < 1e-4
-    # two float32 computations, each within PyTorch's own float32 error of the float64 one
-    assert result["remat_vs_torch"]["max"] <= 2 * result["torch_float32_vs_float64"]["max"]
+    # each float32 run measured against the same float64 truth: remat's errors no larger than
+    # twice PyTorch's worst (the factor of the crosscheck's precision criterion)
+    own, torch_own = result["remat_float32_vs_float64"], result["torch_float32_vs_float64"]
+    assert own["tensors"] == 272
+    assert own["max"] <= 2 * torch_own["max"]
 
 
 @pytest.mark.parametrize("argv,needle", [(["crosscheck", "llama", "--config", "nope"], "has no config 'nope'"),
@@ -124,3 +127,14 @@ def test_the_smollm_config_is_smollm_135m_shape():
     assert (config.width, config.depth, config.heads, config.kv_heads, config.mlp_width, config.vocab) == \
         (576, 30, 9, 3, 1536, 49152)
     assert config.tie_embeddings and config.rms_eps == 1e-5 and config.rope_theta == 10000.0
+
+
+def test_gradients_markdown_shows_each_comparison_and_the_worst_ratio():
+    dist = {"median": 1e-7, "p90": 2e-7, "max": 3e-7, "worst": [["model.norm.weight", 3e-7]], "tensors": 3}
+    result = {"config": "tiny", "seq_len": 8, "batch_size": 2, "remat_vs_torch": dist,
+              "remat_float32_vs_float64": dist, "torch_float32_vs_float64": dist, "torch_1_vs_2_threads": dist,
+              "worst_own_error_ratio": {"name": "model.norm.weight", "ratio": 1.5, "remat": 3e-7, "torch": 2e-7}}
+    text = hf_scale.gradients_markdown(result)
+    assert text.count("| 3 | 1e-07 | 2e-07 | 3e-07 | `model.norm.weight` |") == 4
+    assert "remat float32 vs the float64 twin" in text
+    assert "1.50 (`model.norm.weight`, 3e-07 against 2e-07)" in text
