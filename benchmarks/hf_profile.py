@@ -85,6 +85,10 @@ def profile_jax(precision: str, shape: Shape, steps: int) -> dict[str, float]:
     return _xla_op_times(data, steps)
 
 
+# XLA control flow: its bodies' operations have events of their own, counted by kind
+_CONTROL_FLOW = ("while", "conditional", "call")
+
+
 def _xla_op_times(data: Any, steps: int) -> dict[str, float]:
     """Each HLO operation's time per step, from the events that carry an ``hlo_op`` stat.
 
@@ -101,8 +105,6 @@ def _xla_op_times(data: Any, steps: int) -> dict[str, float]:
                     times[name] += event.duration_ns / 1e6 / steps
     return dict(times)
 
-
-_CONTROL_FLOW = ("while", "conditional", "call")
 
 
 def hlo_kind_name(name: str) -> str:
