@@ -202,6 +202,13 @@ CONFIGS: dict[str, LlamaConfig] = {
 }
 
 
+def tied_logits(h: jax.Array, embedding: jax.Array) -> jax.Array:
+    """``nnx.Embed.attend``'s logits ``h @ embedding.T``, as :func:`remat.ops.dot_general`'s
+    tied-head product: its backward takes the embedding's gradient as one 2-D product, where
+    JAX's own transposed the whole ``[tokens, vocab]`` logits' gradient first."""
+    return ops.dot_general(h, embedding, (((h.ndim - 1,), (1,)), ((), ())))
+
+
 class LlamaForCausalLM(nnx.Module):
     """The Flax NNX Llama: token ids ``(B, T)`` -> logits ``(B, T, vocab)``.
 
@@ -230,7 +237,7 @@ class LlamaForCausalLM(nnx.Module):
         if hasattr(self, "lm_head"):
             return self.lm_head(h)
         if self.autocast_dtype is None:
-            return self.model.embed_tokens.attend(h)
+            return tied_logits(h, self.model.embed_tokens.embedding[...])
         # under torch.autocast the tied head is a bfloat16 nn.Linear; the embedding lookup stays float32
         w = self.model.embed_tokens.embedding[...].astype(self.autocast_dtype)
         logits = ops.dot_general(h.astype(self.autocast_dtype), w, (((h.ndim - 1,), (1,)), ((), ())),
@@ -271,7 +278,7 @@ class ScannedLlamaForCausalLM(nnx.Module):
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         h = self.hidden(ids)
-        return self.embed_tokens.attend(h) if self.lm_head is None else self.lm_head(h)
+        return tied_logits(h, self.embed_tokens.embedding[...]) if self.lm_head is None else self.lm_head(h)
 
 
 def hf_config(config: LlamaConfig) -> Any:

@@ -175,10 +175,15 @@ def _key_tiles_seen_by(config: _Config, q_index: Any) -> Any:
     return jnp.minimum(last_query // config.k_tile + 1, k_tiles)
 
 
-def _scores(config: _Config, q_i: jax.Array, k_j: jax.Array, mask: jax.Array | None, i: Any, j: Any) -> jax.Array:
-    """The ``(*B, G, q_tile, k_tile)`` scores of query tile ``i`` against key tile ``j``, masked."""
+def _scores(config: _Config, q_i: jax.Array, k_j: jax.Array, mask: jax.Array | None, i: Any, j: Any,
+            keys_first: bool = False) -> jax.Array:
+    """The ``(*B, G, q_tile, k_tile)`` scores of query tile ``i`` against key tile ``j``, masked;
+    with ``keys_first``, the same scores laid out ``(*B, k_tile, G, q_tile)``."""
     wide = jnp.promote_types(q_i.dtype, jnp.float32)
-    s = jnp.einsum("...gqe,...ke->...gqk", q_i, k_j, preferred_element_type=wide) * config.scale
+    if keys_first:
+        s = jnp.einsum("...ke,...gqe->...kgq", k_j, q_i, preferred_element_type=wide) * config.scale
+    else:
+        s = jnp.einsum("...gqe,...ke->...gqk", q_i, k_j, preferred_element_type=wide) * config.scale
     q_pos = i * config.q_tile + jnp.arange(config.q_tile)[:, None]
     k_pos = j * config.k_tile + jnp.arange(config.k_tile)[None, :]
     allowed = k_pos < config.keys
@@ -187,10 +192,16 @@ def _scores(config: _Config, q_i: jax.Array, k_j: jax.Array, mask: jax.Array | N
     if mask is not None:
         tile = _slice(_slice(mask, -2, i * config.q_tile, config.q_tile), -1, j * config.k_tile, config.k_tile)
         if config.float_mask:
-            s = s + tile.astype(wide)
+            s = s + (_keys_first(tile) if keys_first else tile).astype(wide)
         else:
             allowed = allowed & tile
-    return jnp.where(allowed, s, -jnp.inf)
+    return jnp.where(_keys_first(allowed) if keys_first else allowed, s, -jnp.inf)
+
+
+def _keys_first(tile: jax.Array) -> jax.Array:
+    """A ``(..., q, k)`` tile laid out ``(..., k, 1 or G, q)``, as the backward's scores are."""
+    tile = tile.reshape((1,) * max(0, 3 - tile.ndim) + tile.shape)
+    return jnp.moveaxis(tile, -1, -3)
 
 
 def _keep(config: _Config, rng: Any, i: Any, j: Any, shape: tuple[int, ...]) -> jax.Array:
@@ -269,28 +280,31 @@ def _attention_bwd(config, residuals, d_out):
         v_j = lax.dynamic_slice_in_dim(v, j * config.k_tile, config.k_tile, v.ndim - 2)
 
         def query_tile(i, carry):
+            # The tile's scores are laid out keys first, (*B, k, G, q), so that the key
+            # gradients' products contract their operands' last axes: laid out as the forward's,
+            # XLA:CPU writes a transposed copy of both p and ds for them on every tile.
             dq, dk_j, dv_j, d_mask = carry
             at = i * config.q_tile
             q_i = lax.dynamic_slice_in_dim(q, at, config.q_tile, q.ndim - 2)
             do_i = lax.dynamic_slice_in_dim(d_out, at, config.q_tile, d_out.ndim - 2)
-            lse_i = lax.dynamic_slice_in_dim(lse, at, config.q_tile, lse.ndim - 1)[..., None]
-            row_i = lax.dynamic_slice_in_dim(row_dot, at, config.q_tile, row_dot.ndim - 1)[..., None]
-            s = _scores(config, q_i, k_j, mask, i, j)
+            lse_i = lax.dynamic_slice_in_dim(lse, at, config.q_tile, lse.ndim - 1)[..., None, :, :]
+            row_i = lax.dynamic_slice_in_dim(row_dot, at, config.q_tile, row_dot.ndim - 1)[..., None, :, :]
+            s = _scores(config, q_i, k_j, mask, i, j, keys_first=True)
             p = jnp.where(jnp.isneginf(lse_i), 0.0, jnp.exp(s - lse_i))
-            dp = jnp.einsum("...gqe,...ke->...gqk", do_i, v_j, preferred_element_type=wide)
+            dp = jnp.einsum("...ke,...gqe->...kgq", v_j, do_i, preferred_element_type=wide)
             kept = p
             if config.dropout_p:
-                keep = _keep(config, rng, i, j, p.shape)
+                keep = jnp.moveaxis(_keep(config, rng, i, j, (*q_i.shape[:-1], config.k_tile)), -1, -3)
                 kept, dp = p * keep, dp * keep
-            dv_j = dv_j + jnp.einsum("...gqk,...gqe->...ke", kept.astype(v.dtype), do_i, preferred_element_type=wide)
+            dv_j = dv_j + jnp.einsum("...kgq,...gqe->...ke", kept.astype(v.dtype), do_i, preferred_element_type=wide)
             ds = p * (dp - row_i)
             if d_mask is not None:
-                d_mask = _add_tile(d_mask, ds, i * config.q_tile, j * config.k_tile)
+                d_mask = _add_tile(d_mask, jnp.moveaxis(ds, -3, -1), i * config.q_tile, j * config.k_tile)
             ds = ds.astype(q.dtype)  # rounded once before both products, as PyTorch's kernel does
-            dq_i = jnp.einsum("...gqk,...ke->...gqe", ds, k_j, preferred_element_type=wide) * config.scale
+            dq_i = jnp.einsum("...kgq,...ke->...gqe", ds, k_j, preferred_element_type=wide) * config.scale
             dq = lax.dynamic_update_slice_in_dim(
                 dq, lax.dynamic_slice_in_dim(dq, at, config.q_tile, dq.ndim - 2) + dq_i, at, dq.ndim - 2)
-            dk_j = dk_j + jnp.einsum("...gqk,...gqe->...ke", ds, q_i, preferred_element_type=wide) * config.scale
+            dk_j = dk_j + jnp.einsum("...kgq,...gqe->...ke", ds, q_i, preferred_element_type=wide) * config.scale
             return dq, dk_j, dv_j, d_mask
 
         first = (j * config.k_tile) // config.q_tile if config.causal else 0

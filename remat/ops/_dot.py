@@ -31,13 +31,15 @@ def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: DimensionNumb
     before both products). For float32 (or wider) operands the values and gradients are
     ``lax.dot_general``'s, and so is the jaxpr, except in a dense layer's form.
 
-    A dense layer's float32 product (``x[..., K] @ w[K, N]``, ``nnx.Linear``'s) has its
-    backward written as two 2-D products over the flattened leading axes, ``g @ w.T`` and
-    ``x.T @ g``. JAX's transpose rule contracts the 3-D ``x`` and ``g`` over their two
-    leading axes instead, which XLA:CPU lowers with a transposed copy of an activation-sized
-    operand, fused into whatever element-wise work produced it (the SwiGLU backward of a
-    135M Llama spent more time in those copies than in its products). In bfloat16 the
-    order-picking backward above is the faster on XLA:CPU, and stays.
+    A dense layer's float32 product (``x[..., K] @ w[K, N]``, ``nnx.Linear``'s, or
+    ``x[..., K] @ w[N, K].T``, a head tied to an ``[N, K]`` embedding as ``nnx.Embed.attend``
+    computes it) has its backward written as two 2-D products over the flattened leading
+    axes: ``g @ w.T`` and ``x.T @ g`` (or ``g @ w`` and ``g.T @ x``). JAX's transpose rule
+    contracts the 3-D ``x`` and ``g`` over their two leading axes instead, which XLA:CPU
+    lowers with a transposed copy of an activation-sized operand, fused into whatever
+    element-wise work produced it (the SwiGLU backward of a 135M Llama spent more time in
+    those copies than in its products, and its tied head copied the whole logits' gradient).
+    In bfloat16 the order-picking backward above is the faster on XLA:CPU, and stays.
 
     Args:
       lhs, rhs, dimension_numbers, precision, preferred_element_type: as ``lax.dot_general``;
@@ -59,8 +61,9 @@ def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: DimensionNumb
     """
     dtype = jnp.result_type(lhs, rhs)
     wide = jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits >= 32
-    if wide and _is_dense(jnp.ndim(lhs), jnp.ndim(rhs), dimension_numbers):
-        return _dense_dot(precision, preferred_element_type, tuple(sorted(kwargs.items())), lhs, rhs)
+    w_contracting = _dense_form(jnp.ndim(lhs), jnp.ndim(rhs), dimension_numbers)
+    if wide and w_contracting is not None:
+        return _dense_dot(w_contracting, precision, preferred_element_type, tuple(sorted(kwargs.items())), lhs, rhs)
     if wide or not jnp.issubdtype(dtype, jnp.floating):
         return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                preferred_element_type=preferred_element_type, **kwargs)
@@ -68,30 +71,37 @@ def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: DimensionNumb
                               tuple(sorted(kwargs.items())), lhs, rhs)
 
 
-def _is_dense(lhs_ndim: int, rhs_ndim: int, dimension_numbers: Any) -> bool:
-    """``x[..., K]`` contracted with ``w[K, N]``: a dense layer's product, nothing batched."""
+def _dense_form(lhs_ndim: int, rhs_ndim: int, dimension_numbers: Any) -> int | None:
+    """The axis of a 2-D ``w`` that ``x[..., K]`` is contracted with, nothing batched: 0 for a
+    dense layer's ``w[K, N]``, 1 for a tied head's ``w[N, K]``; None for any other product."""
     (lc, rc), (lb, rb) = dimension_numbers
-    return (rhs_ndim == 2 and lhs_ndim >= 1 and tuple(lc) == (lhs_ndim - 1,) and tuple(rc) == (0,)
-            and not tuple(lb) and not tuple(rb))
+    if rhs_ndim == 2 and lhs_ndim >= 1 and tuple(lc) == (lhs_ndim - 1,) and not tuple(lb) and not tuple(rb):
+        return {(0,): 0, (1,): 1}.get(tuple(rc))
+    return None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _dense_dot(precision, preferred_element_type, kwargs, x, w):
-    return lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())), precision=precision,
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _dense_dot(w_contracting, precision, preferred_element_type, kwargs, x, w):
+    return lax.dot_general(x, w, (((x.ndim - 1,), (w_contracting,)), ((), ())), precision=precision,
                            preferred_element_type=preferred_element_type, **dict(kwargs))
 
 
-def _dense_dot_fwd(precision, preferred_element_type, kwargs, x, w):
-    return _dense_dot(precision, preferred_element_type, kwargs, x, w), (x, w)
+def _dense_dot_fwd(w_contracting, precision, preferred_element_type, kwargs, x, w):
+    return _dense_dot(w_contracting, precision, preferred_element_type, kwargs, x, w), (x, w)
 
 
-def _dense_dot_bwd(precision, preferred_element_type, kwargs, residuals, g):
-    """``g @ w.T`` and ``x.T @ g`` over the flattened leading axes."""
+def _dense_dot_bwd(w_contracting, precision, preferred_element_type, kwargs, residuals, g):
+    """``g @ w.T`` and ``x.T @ g`` (``w[K, N]``), or ``g @ w`` and ``g.T @ x`` (``w[N, K]``),
+    over the flattened leading axes."""
     del preferred_element_type, kwargs
     x, w = residuals
-    g2 = g.astype(jnp.result_type(x, w)).reshape(-1, w.shape[1])
-    dx = lax.dot_general(g2, w, (((1,), (1,)), ((), ())), precision=precision)
-    dw = lax.dot_general(x.reshape(-1, w.shape[0]), g2, (((0,), (0,)), ((), ())), precision=precision)
+    features = w.shape[w_contracting]
+    g2 = g.astype(jnp.result_type(x, w)).reshape(-1, w.shape[1 - w_contracting])
+    x2 = x.reshape(-1, features)
+    dx = lax.dot_general(g2, w, (((1,), (1 - w_contracting,)), ((), ())), precision=precision)
+    both_rows = (((0,), (0,)), ((), ()))
+    dw = (lax.dot_general(x2, g2, both_rows, precision=precision) if w_contracting == 0
+          else lax.dot_general(g2, x2, both_rows, precision=precision))
     return dx.reshape(x.shape).astype(x.dtype), dw.astype(w.dtype)
 
 

@@ -2235,9 +2235,10 @@ def _corpus_expected(context):
 _CORPUS_IMPLS = [("jax", True), ("jax", False), ("remat", True), ("remat", False), ("remat_call", True)]
 
 
-# (the call form, remat's decorator code path, and remat without a CSE barrier, JAX's own
-# lowering, run with the slow cases)
-_CORPUS_SLOW = {("remat", False), ("remat_call", True)}
+# the default run: jax.checkpoint and remat.checkpoint with the CSE barrier; the slow cases
+# add the call form (remat's decorator code path), and both without the barrier (JAX's own
+# lowering for jax.checkpoint, which importing remat leaves alone: tests/test_lowering.py)
+_CORPUS_SLOW = {("jax", False), ("remat", False), ("remat_call", True)}
 
 
 @pytest.mark.parametrize("impl,prevent_cse", [
