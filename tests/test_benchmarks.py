@@ -342,7 +342,7 @@ def test_optimality_rows_hold_the_plan_beside_the_exhaustive_oracle():
 def test_recompute_prices_beside_measured_steps():
     from benchmarks.recompute import rows, table
 
-    argv = ["mlp", "--depth", "3", "--width", "64", "--batch-size", "32", "--repeat", "1"]
+    argv = ["mlp", "--depth", "2", "--width", "64", "--batch-size", "32", "--repeat", "1"]
     found = {r["option"]: r for r in rows(argv)}
     assert {"no_checkpoint", "nothing", "dots_no_batch", "dots", "names:mlp_hidden"} == set(found)
     assert found["no_checkpoint"]["measured_ms"] == 0.0 and found["no_checkpoint"]["predicted_ms"] == 0.0

@@ -321,7 +321,7 @@ def test_a_built_task_leaves_its_init_program_to_reference_counting():
     gc.collect()
     gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds is kept in gc.garbage, to look at
     try:
-        task = make_task("transformer", depth=2, seed=0)
+        task = make_task("transformer", depth=1, seed=0)
         gc.collect()
         cyclic = {type(o).__name__ for o in gc.garbage}
     finally:

@@ -6,6 +6,7 @@ traced outside the plan unchanged. The module runs under ``JAX_REMAT3=1`` too
 (``test_the_regions_are_planned_under_jax_remat3``)."""
 from __future__ import annotations
 
+import functools
 import json
 
 import flax.linen as nn
@@ -13,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import needs_remat3, remat3_set
+from conftest import REMAT3, needs_remat3, remat3_set
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
@@ -33,16 +34,21 @@ def _block(w, h):
     return h + jnp.tanh(h @ w["w1"]) @ w["w2"]
 
 
+# the arrays drawn in one compiled program: drawn eagerly, each random primitive compiles on its own
+@functools.partial(jax.jit, static_argnums=tuple(range(1, 3)))
 def _weights(key, *lead):
     k1, k2 = jax.random.split(key)
     return {"w1": jax.random.normal(k1, (*lead, WIDTH, 4 * WIDTH)) / WIDTH ** 0.5,
             "w2": jax.random.normal(k2, (*lead, 4 * WIDTH, WIDTH)) / (4 * WIDTH) ** 0.5}
 
 
+@functools.cache
+@jax.jit
 def _batch():
     return jax.random.normal(jax.random.PRNGKey(1), (BATCH, WIDTH))
 
 
+@functools.cache  # each step built once (a pure function and its arrays)
 def _unrolled_step():
     def loss(params, x):
         for w in params:
@@ -52,6 +58,7 @@ def _unrolled_step():
     return loss, [_weights(k) for k in jax.random.split(jax.random.PRNGKey(0), DEPTH)], _batch()
 
 
+@functools.cache
 def _lax_step():
     def loss(params, x):
         def body(h, w):
@@ -167,6 +174,10 @@ def test_the_default_search_plans_foreign_regions(name):
     _planned_by_default_search(name)
 
 
+# two more default searches: slow; in the default run test_the_default_search_plans_foreign_regions
+# plans the lax.scan step alone, and test_foreign_regions_take_their_place_among_remat_regions
+# steers a foreign region beside remat.checkpoint ones
+@pytest.mark.slow
 def test_a_foreign_region_is_planned_as_its_remat_checkpoint_twin():
     step, params, x = _lax_step()
 
@@ -199,6 +210,7 @@ def test_the_regions_are_planned_under_jax_remat3(name):
         _planned_by_default_search(name)
 
 
+@functools.cache
 def _mixed_step():
     """A remat.checkpoint block, a wider block written with jax.checkpoint, and a remat.checkpoint block."""
     def loss(params, x):
@@ -321,7 +333,10 @@ def _tagged_loss(params, x):
     return jnp.mean(x ** 2)
 
 
-@pytest.mark.parametrize("remat3", [False, pytest.param(True, marks=needs_remat3)])
+# where JAX has jax_remat3, the classic construct with -m slow: the default run's True case
+# surveys, costs and steers the same regions, and the tests above plan the classic construct
+@pytest.mark.parametrize("remat3", [pytest.param(False, marks=() if REMAT3 is None else pytest.mark.slow),
+                                    pytest.param(True, marks=needs_remat3)])
 def test_a_foreign_regions_names_are_options_under_either_construct(remat3):
     params, x = [_weights(k) for k in jax.random.split(jax.random.PRNGKey(5), 2)], _batch()
     with remat3_set(remat3):

@@ -15,8 +15,9 @@ B = 64
 X = jnp.linspace(-1, 1, B * D).reshape(B, D)
 
 
-# every 0.05 from 1.0 down to 0 (slow); the default run every 0.25
-@pytest.mark.parametrize("step", [pytest.param(0.25, id="step0.25"),
+# every 0.25 and every 0.05 from 1.0 down to 0 (slow); the default run every 0.5
+@pytest.mark.parametrize("step", [pytest.param(0.5, id="step0.5"),
+                                  pytest.param(0.25, id="step0.25", marks=pytest.mark.slow),
                                   pytest.param(0.05, id="step0.05", marks=pytest.mark.slow)])
 def test_the_plan_never_grows_nor_speeds_up_as_the_budget_falls(step):
     cache: dict = {}

@@ -174,6 +174,9 @@ def test_a_saved_plan_applies_in_a_new_process_with_bitwise_equal_gradients(tmp_
 MLP = ["mlp", "--depth", "4", "--width", "256", "--batch-size", "512"]
 
 
+# a plan of the command's MLP: slow; in the default run test_a_limit_in_bytes_is_the_compiled_footprint_on_one_device
+# plans with a limit in bytes, and test_the_command_refuses_a_bad_limit_in_one_line reads the command's flag
+@pytest.mark.slow
 def test_the_command_takes_a_limit_in_bytes_and_reports_the_footprint(capsys):
     from remat.cli import main
 
@@ -181,6 +184,11 @@ def test_the_command_takes_a_limit_in_bytes_and_reports_the_footprint(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["memory_limit_bytes"] == int(6.6 * 2**20)
     assert out["device_bytes"] == out["footprint"]["device_bytes"] <= out["memory_limit_bytes"]
+
+
+def test_the_command_refuses_a_bad_limit_in_one_line(capsys):
+    from remat.cli import main
+
     assert main(["plan", *MLP, "--memory-limit", "6 parsecs"]) == 2
     assert "unknown unit 'parsecs'" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse: the two spellings of the limit exclude each other

@@ -71,7 +71,7 @@ def _assert_planned_by_default_search(step, params, x, budget=0.5):
     chosen = p.chosen
     assert p.feasible and chosen is not None and chosen.temp_bytes is not None
     assert chosen.temp_bytes <= p.limit_bytes
-    unchecked = jax.grad(apply_policies(step, (NO_CHECKPOINT,)))(params, x)
+    unchecked = jax.jit(jax.grad(apply_policies(step, (NO_CHECKPOINT,))))(params, x)
     planned = jax.jit(jax.grad(p.apply(step)))(params, x)
     for a, b in zip(jax.tree.leaves(planned), jax.tree.leaves(unchecked), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

@@ -2,6 +2,8 @@
 binomial) costed by the schedules' memory model from one layer's costs, the pick compiled to confirm."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,6 +26,9 @@ def _loss(params, x):
     return jnp.mean(remat.scan_layers(_layer, params, x) ** 2)
 
 
+# built once, in one compiled program: drawn eagerly, each random primitive compiles on its own
+@functools.cache
+@jax.jit
 def _step():
     k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
     params = {"up": jax.random.normal(k1, (DEPTH, WIDTH, 4 * WIDTH)) / WIDTH ** 0.5,
@@ -54,7 +59,7 @@ def test_the_default_search_plans_a_scan_layers_stack(budget):
     assert chosen.temp_bytes <= p.limit_bytes
     if budget == 0:  # the leanest compiled is within LEAN_SLACK of the least
         assert chosen.temp_bytes <= 1.01 * p.minimum_bytes
-    unchecked = jax.grad(apply_policies(_loss, (), scan=(NO_CHECKPOINT, None)))(params, x)
+    unchecked = jax.jit(jax.grad(apply_policies(_loss, (), scan=(NO_CHECKPOINT, None))))(params, x)
     planned = jax.jit(jax.grad(p.apply(_loss)))(params, x)
     for a, b in zip(jax.tree.leaves(planned), jax.tree.leaves(unchecked), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
@@ -98,7 +103,7 @@ def test_the_default_search_plans_a_scan_nnx_layers_stack():
     p = remat.plan(loss, state, x, memory_budget=0.3, measure=False)
     assert p.chosen is not None and p.chosen.scan is not None and p.chosen.temp_bytes <= p.limit_bytes
     assert sum(c.compiled is not None for c in p.candidates) <= 4
-    unchecked = jax.grad(apply_policies(loss, (), scan=(NO_CHECKPOINT, None)))(state, x)
+    unchecked = jax.jit(jax.grad(apply_policies(loss, (), scan=(NO_CHECKPOINT, None))))(state, x)
     planned = jax.jit(jax.grad(p.apply(loss)))(state, x)
     for a, b in zip(jax.tree.leaves(planned), jax.tree.leaves(unchecked), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

@@ -2,6 +2,8 @@
 un-split step's gradients, weighed by the default search, kept in a saved plan, refused on another stack."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +24,9 @@ def _block(w, h):
     return h + jnp.tanh(h @ w["up"]) @ w["down"]
 
 
+# built once per shape, in one compiled program: drawn eagerly, each random primitive compiles on its own
+@functools.cache
+@functools.partial(jax.jit, static_argnums=(0, 1))
 def _stack(depth=DEPTH, lead=()):
     k1, k2 = jax.random.split(jax.random.PRNGKey(0))
     return {"up": jax.random.normal(k1, (*lead, depth, WIDTH, 4 * WIDTH)) / WIDTH ** 0.5,
@@ -144,8 +149,21 @@ def test_splits_pair_the_options_no_other_beats():
     assert pareto_pairs([0.0, 3.0, 1.0, 2.0], [10, 1, 4, 5]) == [(1, 2), (1, 0), (2, 0)]
 
 
+def _scanned_step(depth):
+    """benchmarks.scanned_oracle's step, its arrays drawn in one compiled program."""
+    losses = []
+
+    def arrays():
+        loss, args = scanned_step(depth=depth)
+        losses.append(loss)
+        return args
+
+    args = jax.jit(arrays)()
+    return losses[0], args
+
+
 def _split_plan():
-    loss, (params, x) = scanned_step(depth=DEPTH)
+    loss, (params, x) = _scanned_step(DEPTH)
     p = remat.plan(loss, params, x, memory_budget=0.5, measure=False)
     assert p.feasible and p.chosen is not None and p.chosen.temp_bytes is not None
     assert p.chosen.temp_bytes <= p.limit_bytes
@@ -162,7 +180,7 @@ def test_the_default_search_splits_a_stack_where_no_single_option_fits_as_fast()
 @pytest.mark.slow
 def test_a_planned_split_keeps_the_gradients_and_saves_and_loads(tmp_path):
     p, chosen, loss, params, x = _split_plan()
-    unchecked = jax.grad(apply_policies(loss, (NO_CHECKPOINT,)))(params, x)
+    unchecked = jax.jit(jax.grad(apply_policies(loss, (NO_CHECKPOINT,))))(params, x)
     planned = jax.jit(jax.grad(p.apply(loss)))(params, x)
     for a, b in zip(jax.tree.leaves(planned), jax.tree.leaves(unchecked), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
@@ -174,7 +192,7 @@ def test_a_planned_split_keeps_the_gradients_and_saves_and_loads(tmp_path):
     assert loaded.chosen is not None and loaded.chosen.policies[0].parts == chosen.parts
     _assert_bitwise(jax.jit(jax.grad(loaded.apply(loss)))(params, x), planned)
     # on a stack of another depth the loaded plan is refused in one line, before it runs
-    other, (deeper, _) = scanned_step(depth=DEPTH + 2)
+    other, (deeper, _) = _scanned_step(DEPTH + 2)
     with pytest.raises(PlanMismatch, match="a stack of 8 layers"):
         jax.grad(loaded.apply(other))(deeper, x)
 
