@@ -35,10 +35,10 @@ def _rel(a, b) -> float:
     return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
 
 
-# 10 does not divide 2*24 tokens; 1000 exceeds them; the other chunk sizes and ignore counts are slow
 # over tokens: 10 does not divide 2*24 tokens, 1000 exceeds them; over the vocabulary: 7 does not
-# divide its 50 entries, 64 exceeds them; the other chunk sizes and ignore counts are slow
-FAST_CHUNKS = {("tokens", 8, 5), ("tokens", 10, 0), ("tokens", 1000, 5), ("vocab", 7, 5), ("vocab", 64, 0)}
+# divide its 50 entries, 64 exceeds them; each with and without ignored labels. The other chunk
+# sizes and ignore counts are slow (a chunk that divides: test_compiled_step_never_holds_the_full_logits)
+FAST_CHUNKS = {("tokens", 10, 5), ("tokens", 1000, 0), ("vocab", 7, 5), ("vocab", 64, 0)}
 
 
 @pytest.mark.parametrize(("over", "chunk", "ignored"), [
@@ -79,9 +79,9 @@ def test_bfloat16_inputs_give_a_float32_loss_close_to_float32(over):
     hidden, embedding, labels = _problem(2, 16, 16, 40)
     exact = jax.jit(_reference)(hidden, embedding, labels)
     h16, w16 = hidden.astype(jnp.bfloat16), embedding.astype(jnp.bfloat16)
-    low = jax.jit(lambda h, w: ops.chunked_cross_entropy(h, w, labels, chunk=8, over=over))(h16, w16)
-    grad_h, grad_w = jax.jit(jax.grad(lambda h, w: ops.chunked_cross_entropy(h, w, labels, chunk=8, over=over),
-                                      (0, 1)))(h16, w16)
+    # the loss and its gradients from one compiled program
+    low, (grad_h, grad_w) = jax.jit(jax.value_and_grad(
+        lambda h, w: ops.chunked_cross_entropy(h, w, labels, chunk=8, over=over), (0, 1)))(h16, w16)
     assert low.dtype == jnp.float32 and grad_h.dtype == grad_w.dtype == jnp.bfloat16
     assert abs(float(low) - float(exact)) < 2e-2 * float(exact)
 
@@ -101,16 +101,15 @@ def test_compiled_step_never_holds_the_full_logits():
     hidden, embedding, labels = _problem(2, 512, 32, 4096)
     logits_bytes = 2 * 512 * 4096 * 4
 
-    def temp(loss):
-        compiled = jax.jit(jax.grad(loss, (0, 1))).lower(hidden, embedding, labels).compile()
-        return compiled.memory_analysis().temp_size_in_bytes
+    def temp_and_value(loss):  # one compiled step: its temp, and the loss it returns
+        compiled = jax.jit(jax.value_and_grad(loss, (0, 1))).lower(hidden, embedding, labels).compile()
+        return compiled.memory_analysis().temp_size_in_bytes, float(compiled(hidden, embedding, labels)[0])
 
-    plain = temp(_reference)
-    chunked = temp(lambda h, w, y: ops.chunked_cross_entropy(h, w, y, chunk=128))
+    plain, plain_value = temp_and_value(_reference)
+    chunked, chunked_value = temp_and_value(lambda h, w, y: ops.chunked_cross_entropy(h, w, y, chunk=128))
     assert plain >= logits_bytes  # the full logits (or their gradient) are there
     assert chunked < logits_bytes / 4  # a chunk's logits are 1/8 of them
-    np.testing.assert_allclose(float(jax.jit(lambda h, w, y: ops.chunked_cross_entropy(h, w, y, chunk=128))(
-        hidden, embedding, labels)), float(jax.jit(_reference)(hidden, embedding, labels)), rtol=1e-6)
+    np.testing.assert_allclose(chunked_value, plain_value, rtol=1e-6)
 
 
 def test_over_the_vocabulary_the_heads_gradient_needs_no_accumulator():

@@ -58,9 +58,10 @@ SLOW_VARIANTS = ("gelu_tanh", "softmax_axis0")
 ])
 def test_values_and_gradients_equal_reference(name, lean, reference):
     x = _data()
-    np.testing.assert_allclose(lean(x), reference(x), rtol=1e-6, atol=1e-6)
-    g_lean = jax.grad(_weighted(lean))(x)
-    g_ref = jax.grad(_weighted(reference))(x)
+    # each side's value and gradient from one compiled program (eager, every operation compiles alone)
+    (y_lean, g_lean), (y_ref, g_ref) = (jax.jit(lambda v, f=f: (f(v), jax.grad(_weighted(f))(v)))(x)
+                                        for f in (lean, reference))
+    np.testing.assert_allclose(y_lean, y_ref, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(g_lean, g_ref, rtol=1e-5, atol=1e-5)
 
 
@@ -82,8 +83,8 @@ def test_layer_norm_keeps_input_mean_and_rstd_only():
 def test_layer_norm_parameter_gradients_match_reference():
     x, scale, bias = _data(), jnp.linspace(0.5, 2, 16), jnp.linspace(-1, 1, 16)
     loss = lambda fn: (lambda s, b: jnp.sum(fn(x, s, b) ** 3))  # noqa: E731
-    lean = jax.grad(loss(ops.layer_norm), argnums=(0, 1))(scale, bias)
-    ref = jax.grad(loss(_ln_reference), argnums=(0, 1))(scale, bias)
+    lean = jax.jit(jax.grad(loss(ops.layer_norm), argnums=(0, 1)))(scale, bias)
+    ref = jax.jit(jax.grad(loss(_ln_reference), argnums=(0, 1)))(scale, bias)
     assert_trees_close(lean, ref, rtol=1e-5, atol=1e-4)
 
 
@@ -102,10 +103,9 @@ def test_layer_norm_module_matches_flax_and_falls_back_with_mask():
 def test_half_precision_keeps_dtype_and_is_close(dtype):
     x = _data(dtype=dtype)
     for name, lean, reference in UNARY:
-        y = lean(x)
-        g = jax.grad(_weighted(lean))(x)
+        y, g = jax.jit(lambda v, f=lean: (f(v), jax.grad(_weighted(f))(v)))(x)  # one program, not one per operation
         assert y.dtype == dtype and g.dtype == dtype, name
-        ref = reference(x.astype(jnp.float32))
+        ref = jax.jit(reference)(x.astype(jnp.float32))
         np.testing.assert_allclose(y.astype(jnp.float32), ref, rtol=5e-2, atol=5e-2, err_msg=name)
 
 
@@ -119,23 +119,23 @@ def test_inside_checkpoint_gradients_are_unchanged(policy):
         h = ops.layer_norm(v, s)
         return ops.softmax(ops.gelu(h) @ jnp.eye(16), where=MASK) * ops.tanh(ops.relu(h))
 
-    plain = jax.grad(lambda v, s: jnp.sum(block(v, s) ** 2), argnums=(0, 1))(x, scale)
-    ckpt = jax.grad(lambda v, s: jnp.sum(remat.checkpoint(block, v, s, policy=policy) ** 2),
-                    argnums=(0, 1))(x, scale)
+    plain = jax.jit(jax.grad(lambda v, s: jnp.sum(block(v, s) ** 2), argnums=(0, 1)))(x, scale)
+    ckpt = jax.jit(jax.grad(lambda v, s: jnp.sum(remat.checkpoint(block, v, s, policy=policy) ** 2),
+                            argnums=(0, 1)))(x, scale)
     assert_trees_close(plain, ckpt, rtol=1e-6, atol=1e-6)
 
 
 def test_vmap_and_scan_compose():
     x = _data()
-    per_row = jax.vmap(jax.grad(lambda v: jnp.sum(ops.gelu(ops.layer_norm(v)) ** 2)))(x)
-    whole = jax.grad(lambda v: jnp.sum(ops.gelu(ops.layer_norm(v)) ** 2))(x)
+    per_row = jax.jit(jax.vmap(jax.grad(lambda v: jnp.sum(ops.gelu(ops.layer_norm(v)) ** 2))))(x)
+    whole = jax.jit(jax.grad(lambda v: jnp.sum(ops.gelu(ops.layer_norm(v)) ** 2)))(x)
     np.testing.assert_allclose(per_row, whole, rtol=1e-5, atol=1e-6)
 
     def scanned(v):
         return jax.lax.scan(lambda c, _: (ops.tanh(c), None), v, None, length=3)[0].sum()
 
-    ref = jax.grad(lambda v: jnp.tanh(jnp.tanh(jnp.tanh(v))).sum())(x)
-    np.testing.assert_allclose(jax.grad(scanned)(x), ref, rtol=1e-6, atol=1e-6)
+    ref = jax.jit(jax.grad(lambda v: jnp.tanh(jnp.tanh(jnp.tanh(v))).sum()))(x)
+    np.testing.assert_allclose(jax.jit(jax.grad(scanned))(x), ref, rtol=1e-6, atol=1e-6)
 
 
 def test_relu_gradient_at_zero_is_zero_like_jax():
