@@ -109,20 +109,22 @@ def test_every_backward_product_takes_bfloat16_operands():
 
 
 def test_float32_operands_outside_a_dense_layer_are_lax_dot_general_itself():
-    x, w = jnp.ones((4, 8)), jnp.ones((3, 8))
-    dims = (((1,), (1,)), ((), ()))  # x @ w.T, a tied LM head's form
+    x, w = jnp.ones((2, 4, 8)), jnp.ones((2, 8, 3))
+    dims = (((2,), (1,)), ((0,), (0,)))  # a batched product
     jaxpr = jax.make_jaxpr(jax.grad(lambda x, w: ops.dot_general(x, w, dims).sum(), (0, 1)))(x, w)
     reference = jax.make_jaxpr(jax.grad(lambda x, w: lax.dot_general(x, w, dims).sum(), (0, 1)))(x, w)
     assert str(jaxpr) == str(reference)
 
 
-def test_a_float32_dense_layer_differentiates_as_two_2d_products():
+@pytest.mark.parametrize("w_shape, dims", [((8, 3), (((2,), (0,)), ((), ()))),   # nnx.Linear's x @ w
+                                            ((3, 8), (((2,), (1,)), ((), ())))],  # a tied head's x @ w.T
+                         ids=["dense layer", "tied head"])
+def test_a_float32_dense_layer_differentiates_as_two_2d_products(w_shape, dims):
     """JAX's transpose contracts the 3-D input and cotangent over two axes, which XLA:CPU
-    lowers with a transposed copy of one of them; the dense form's backward is 2-D."""
+    lowers with a transposed copy of one of them; the dense forms' backward is 2-D."""
     rng = np.random.default_rng(1)
-    x, w = jnp.asarray(rng.normal(size=(2, 5, 8)), F32), jnp.asarray(rng.normal(size=(8, 3)), F32)
+    x, w = jnp.asarray(rng.normal(size=(2, 5, 8)), F32), jnp.asarray(rng.normal(size=w_shape), F32)
     weights = jnp.asarray(rng.normal(size=(2, 5, 3)), F32)
-    dims = (((2,), (0,)), ((), ()))
     np.testing.assert_array_equal(ops.dot_general(x, w, dims), lax.dot_general(x, w, dims))
     got = jax.grad(lambda x, w: (ops.dot_general(x, w, dims) * weights).sum(), (0, 1))(x, w)
     want = jax.grad(lambda x, w: (lax.dot_general(x, w, dims) * weights).sum(), (0, 1))(x, w)
