@@ -16,7 +16,8 @@ remat: ``jax.jit(jax.value_and_grad(loss))``). The variants:
 * remat ``no_checkpoint``; ``nothing`` (every layer ``remat.checkpoint``ed); the same two
   with :func:`remat.ops.chunked_cross_entropy` over the vocabulary (``*_chunked_ce``); ``plan`` and
   ``plan_scanned`` (``remat.plan(loss, ..., memory_limit=)`` at the ``hf_checkpoint`` row's
-  measured peak, on the unrolled and on the layer-scanned model).
+  measured peak, on the unrolled and on the layer-scanned model), and ``plan_chunked_ce``
+  (the same limit on the unrolled model's chunked loss).
 
 Precisions: ``float32``, and ``mixed``: ``torch.autocast("cpu", bfloat16)`` against remat's
 mixed precision (:func:`remat.crosscheck.autocast.jax_model`: bfloat16 matmuls on float32
@@ -58,7 +59,7 @@ from benchmarks.results import write_result
 ROOT = Path(__file__).resolve().parent.parent
 TORCH_VARIANTS = ("eager", "hf_checkpoint", "compile", "compile_budget_0.5", "compile_budget_0")
 REMAT_VARIANTS = ("no_checkpoint", "nothing", "no_checkpoint_chunked_ce", "nothing_chunked_ce", "plan",
-                  "plan_scanned")
+                  "plan_scanned", "plan_chunked_ce")
 PRECISIONS = ("float32", "mixed")
 ROW_KEYS = ("framework", "variant", "precision", "seq_len", "batch_size", "peak_rss_bytes", "step_ms",
             "tokens_per_s")
