@@ -270,8 +270,12 @@ def _attention_bwd(config, residuals, d_out):
     # D_i = sum_e dO_ie O_ie: the softmax backward's row term (FlashAttention-2, Algorithm 2)
     row_dot = jnp.einsum("...e,...e->...", d_out.astype(wide), out.astype(wide))
     q_tiles = q.shape[-2] // config.q_tile
-    # dq is accumulated transposed, (*B, e, G, L): its products then take ds as it is laid out
-    dq = jnp.zeros((*q.shape[:-3], q.shape[-1], *q.shape[-3:-1]), wide)
+    # In float32 dq is accumulated transposed, (*B, e, G, L): its products then take ds as it
+    # is laid out. Not in bfloat16: XLA:CPU runs that product with its own dot kernel, which
+    # has no bfloat16 operands with a float32 result (UNIMPLEMENTED at run time).
+    dq_transposed = jnp.finfo(q.dtype).bits >= 32
+    dq = jnp.zeros((*q.shape[:-3], q.shape[-1], *q.shape[-3:-1]) if dq_transposed else q.shape, wide)
+    dq_axis = dq.ndim - 1 if dq_transposed else dq.ndim - 2
     dk, dv = jnp.zeros(k.shape, wide), jnp.zeros(v.shape, wide)
     d_mask = jnp.zeros(mask.shape, wide) if config.float_mask else None
 
@@ -281,10 +285,10 @@ def _attention_bwd(config, residuals, d_out):
         v_j = lax.dynamic_slice_in_dim(v, j * config.k_tile, config.k_tile, v.ndim - 2)
 
         def query_tile(i, carry):
-            # The tile's scores are laid out keys first, (*B, k, G, q), and dq is accumulated
-            # transposed, so that no product contracts a score tile over its leading axes:
-            # laid out as the forward's, XLA:CPU writes a transposed copy of both p and ds on
-            # every tile.
+            # The tile's scores are laid out keys first, (*B, k, G, q), and (in float32) dq is
+            # accumulated transposed, so that no product contracts a score tile over its
+            # leading axes: laid out as the forward's, XLA:CPU writes a transposed copy of both
+            # p and ds on every tile.
             dq, dk_j, dv_j, d_mask = carry
             at = i * config.q_tile
             q_i = lax.dynamic_slice_in_dim(q, at, config.q_tile, q.ndim - 2)
@@ -303,9 +307,12 @@ def _attention_bwd(config, residuals, d_out):
             if d_mask is not None:
                 d_mask = _add_tile(d_mask, jnp.moveaxis(ds, -3, -1), i * config.q_tile, j * config.k_tile)
             ds = ds.astype(q.dtype)  # rounded once before both products, as PyTorch's kernel does
-            dq_i = jnp.einsum("...ke,...kgq->...egq", k_j, ds, preferred_element_type=wide) * config.scale
+            if dq_transposed:
+                dq_i = jnp.einsum("...ke,...kgq->...egq", k_j, ds, preferred_element_type=wide) * config.scale
+            else:
+                dq_i = jnp.einsum("...kgq,...ke->...gqe", ds, k_j, preferred_element_type=wide) * config.scale
             dq = lax.dynamic_update_slice_in_dim(
-                dq, lax.dynamic_slice_in_dim(dq, at, config.q_tile, dq.ndim - 1) + dq_i, at, dq.ndim - 1)
+                dq, lax.dynamic_slice_in_dim(dq, at, config.q_tile, dq_axis) + dq_i, at, dq_axis)
             dk_j = dk_j + jnp.einsum("...kgq,...gqe->...ke", ds, q_i, preferred_element_type=wide) * config.scale
             return dq, dk_j, dv_j, d_mask
 
@@ -319,7 +326,8 @@ def _attention_bwd(config, residuals, d_out):
 
     k_tiles = k.shape[-2] // config.k_tile
     dq, dk, dv, d_mask = lax.fori_loop(0, k_tiles, key_tile, (dq, dk, dv, d_mask))
-    cast = (jnp.moveaxis(dq, -3, -1).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype))
+    dq = jnp.moveaxis(dq, -3, -1) if dq_transposed else dq
+    cast = (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype))
     return (*cast, None if d_mask is None else d_mask.astype(mask.dtype), None)
 
 
