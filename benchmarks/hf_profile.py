@@ -106,7 +106,6 @@ def _xla_op_times(data: Any, steps: int) -> dict[str, float]:
     return dict(times)
 
 
-
 def hlo_kind_name(name: str) -> str:
     """``wrapped_tanh.2`` -> ``tanh``; ``add_select_fusion.3`` -> ``add_select_fusion``."""
     return re.sub(r"(\.\d+)+$", "", name).removeprefix("wrapped_")

@@ -202,11 +202,12 @@ CONFIGS: dict[str, LlamaConfig] = {
 }
 
 
-def tied_logits(h: jax.Array, embedding: jax.Array) -> jax.Array:
+def tied_logits(h: jax.Array, embedding: jax.Array, **kwargs: Any) -> jax.Array:
     """``nnx.Embed.attend``'s logits ``h @ embedding.T``, as :func:`remat.ops.dot_general`'s
     tied-head product: its backward takes the embedding's gradient as one 2-D product, where
-    JAX's own transposed the whole ``[tokens, vocab]`` logits' gradient first."""
-    return ops.dot_general(h, embedding, (((h.ndim - 1,), (1,)), ((), ())))
+    JAX's own transposed the whole ``[tokens, vocab]`` logits' gradient first. ``kwargs`` go
+    to :func:`remat.ops.dot_general` (``preferred_element_type``)."""
+    return ops.dot_general(h, embedding, (((h.ndim - 1,), (1,)), ((), ())), **kwargs)
 
 
 class LlamaForCausalLM(nnx.Module):
@@ -240,9 +241,8 @@ class LlamaForCausalLM(nnx.Module):
             return tied_logits(h, self.model.embed_tokens.embedding[...])
         # under torch.autocast the tied head is a bfloat16 nn.Linear; the embedding lookup stays float32
         w = self.model.embed_tokens.embedding[...].astype(self.autocast_dtype)
-        logits = ops.dot_general(h.astype(self.autocast_dtype), w, (((h.ndim - 1,), (1,)), ((), ())),
-                                 preferred_element_type=jnp.float32)
-        return logits.astype(self.autocast_dtype)
+        return tied_logits(h.astype(self.autocast_dtype), w, preferred_element_type=jnp.float32).astype(
+            self.autocast_dtype)
 
 
 class ScannedLlamaForCausalLM(nnx.Module):

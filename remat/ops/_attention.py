@@ -300,7 +300,7 @@ def _attention_bwd(config, residuals, d_out):
             dp = jnp.einsum("...ke,...gqe->...kgq", v_j, do_i, preferred_element_type=wide)
             kept = p
             if config.dropout_p:
-                keep = jnp.moveaxis(_keep(config, rng, i, j, (*q_i.shape[:-1], config.k_tile)), -1, -3)
+                keep = _keys_first(_keep(config, rng, i, j, (*q_i.shape[:-1], config.k_tile)))
                 kept, dp = p * keep, dp * keep
             dv_j = dv_j + jnp.einsum("...kgq,...gqe->...ke", kept.astype(v.dtype), do_i, preferred_element_type=wide)
             ds = p * (dp - row_i)
