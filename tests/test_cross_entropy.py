@@ -106,9 +106,10 @@ def test_compiled_step_never_holds_the_full_logits():
         return compiled.memory_analysis().temp_size_in_bytes, float(compiled(hidden, embedding, labels)[0])
 
     plain, plain_value = temp_and_value(_reference)
-    chunked, chunked_value = temp_and_value(lambda h, w, y: ops.chunked_cross_entropy(h, w, y, chunk=128))
+    chunked, chunked_value = temp_and_value(lambda h, w, y: ops.chunked_cross_entropy(h, w, y, chunk=64))
     assert plain >= logits_bytes  # the full logits (or their gradient) are there
-    assert chunked < logits_bytes / 4  # a chunk's logits are 1/8 of them
+    # a chunk's logits are 1/16 of them; jax 0.8.1 also holds their gradient beside them (1/8)
+    assert chunked < logits_bytes / 4
     np.testing.assert_allclose(chunked_value, plain_value, rtol=1e-6)
 
 
