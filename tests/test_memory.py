@@ -1,6 +1,7 @@
 """remat.analysis: residual reports, compiled buffer sizes, measured RSS, policy tables."""
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import operator
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 from jax.ad_checkpoint import checkpoint_name
 from programs import mlp_factory as _mlp_factory
-from programs import mlp_params as _mlp_params
+from programs import mlp_params as _drawn_mlp_params
 
 from remat._core.checkpoint import rematerialized
 from remat._core.residuals import format_bytes
@@ -30,6 +31,13 @@ from remat.analysis import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def _mlp_params(depth):
+    """tests/programs.py's MLP parameters, drawn in one compiled program (drawn eagerly, each
+    random primitive compiles on its own), once per depth: the tests only read them."""
+    return jax.jit(lambda: _drawn_mlp_params(depth))()
 
 
 def _line_of(fn, text: str) -> int:

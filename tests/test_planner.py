@@ -77,10 +77,17 @@ def test_plan_cli_json_and_bad_budget(capsys):
     from remat.cli import main
 
     rc = main(["plan", "mlp", "--budget", "1.0", "--depth", "2", "--repeat", "1", "--json"])
-    out = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
     assert rc == 0 and out["feasible"] and out["num_regions"] == 2
     assert out["chosen"]["temp_bytes"] <= out["limit_bytes"]
     assert {"no checkpoint", "all: nothing", "all: dots"} <= {c["label"] for c in out["candidates"]}
+    # the plan's and the compiles' seconds, each region's choice, the progress lines
+    # (test_planner_monotone's command test, slow, the same at depth 3)
+    assert out["plan_s"] > 0 and out["compile_s"] > 0
+    assert [r["index"] for r in out["regions"]] == [0, 1]
+    assert all({"policy", "predicted_bytes", "measured_bytes", "path"} <= r.keys() for r in out["regions"])
+    assert "candidates compiled" in captured.err and "best so far" in captured.err
     assert main(["plan", "mlp", "--budget", "-0.5"]) == 2
     assert "--budget -0.5: use a fraction in [0, 1]" in capsys.readouterr().err
 

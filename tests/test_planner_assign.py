@@ -143,12 +143,23 @@ def test_recompute_cost_is_the_matmuls_the_backward_pass_recomputes_not_the_fuse
     assert costs.ms[0] == [0.0, 0.0]
 
 
-# one budget in the default run, the two others slow
-@pytest.mark.parametrize("budget", [pytest.param(0.9, marks=pytest.mark.slow), 0.6,
+X64 = jnp.linspace(-1, 1, 64 * X.shape[1]).reshape(64, X.shape[1])
+
+
+@pytest.fixture(scope="module")
+def plan_at_0_9():
+    """The default search at budget 0.9 on 64 rows, made once for the tests that only read it."""
+    return plan(loss, WS, X64, memory_budget=0.9, measure=False)
+
+
+# one budget in the default run (0.9: its plan is shared with the second-opinion test), the
+# two others slow: the same search at other budgets
+@pytest.mark.parametrize("budget", [0.9, pytest.param(0.6, marks=pytest.mark.slow),
                                     pytest.param(0, marks=pytest.mark.slow)])
-def test_the_default_search_fits_and_compiles_a_few_programs(budget):
-    x = jnp.linspace(-1, 1, 64 * X.shape[1]).reshape(64, X.shape[1])
-    p = plan(loss, WS, x, memory_budget=budget, measure=False)
+def test_the_default_search_fits_and_compiles_a_few_programs(budget, request):
+    x = X64
+    p = request.getfixturevalue("plan_at_0_9") if budget == 0.9 else plan(loss, WS, x, memory_budget=budget,
+                                                                           measure=False)
     assert p.feasible and p.chosen.temp_bytes <= p.limit_bytes
     compiled = [c for c in p.candidates if c.compiled is not None]
     assert 2 <= len(compiled) <= 6 < 4 ** len(WS)
@@ -213,10 +224,9 @@ def test_a_program_fingerprint_ignores_source_lines_and_tells_programs_apart(mon
         assert program_fingerprint(f_) != program_fingerprint(h_), printer
 
 
-def test_a_second_opinion_compiles_the_fastest_assignment_without_the_picks_main_policy():
-    x = jnp.linspace(-1, 1, 64 * X.shape[1]).reshape(64, X.shape[1])
-    alone = plan(loss, WS, x, memory_budget=0.9, measure=False)
-    both = plan(loss, WS, x, memory_budget=0.9, measure=False, second_opinion=True)
+def test_a_second_opinion_compiles_the_fastest_assignment_without_the_picks_main_policy(plan_at_0_9):
+    alone = plan_at_0_9
+    both = plan(loss, WS, X64, memory_budget=0.9, measure=False, second_opinion=True)
 
     def compiled(p):
         return {c.label: c for c in p.candidates if c.compiled is not None and c.label != "no checkpoint"}

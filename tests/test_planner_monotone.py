@@ -77,6 +77,9 @@ def test_the_plan_says_why_and_what_each_region_keeps():
         assert -B * D * 4 <= r["predicted_bytes"] <= r["measured_bytes"] + B * D * 4
 
 
+# slow: test_planner.py's test_plan_cli_json_and_bad_budget runs the same command (--json) and checks
+# the same seconds, regions and progress lines on a 2-block MLP
+@pytest.mark.slow
 def test_plan_cli_json_reports_plan_and_compile_seconds_and_regions(capsys):
     from remat.cli import main
 

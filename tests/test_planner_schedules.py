@@ -36,6 +36,12 @@ def _step():
     return params, jax.random.normal(k3, (BATCH, WIDTH))
 
 
+@functools.cache
+def _unchecked_grads():
+    """The stack's gradients with the scan un-checkpointed, compiled once for the tests below."""
+    return jax.jit(jax.grad(apply_policies(_loss, (), scan=(NO_CHECKPOINT, None))))(*_step())
+
+
 @pytest.mark.parametrize("schedule", [8, (2, 2, 2, 2), (4, 3, 1), ((3, 2, 1), (2, 1), 1)], ids=str)
 def test_the_byte_model_is_the_schedules_peak_where_a_layer_keeps_its_input(schedule):
     assert schedule_bytes(schedule, 3.0, 3.0, working=5.0) == 3.0 * schedule_peak(schedule) + 5.0
@@ -43,7 +49,10 @@ def test_the_byte_model_is_the_schedules_peak_where_a_layer_keeps_its_input(sche
     assert schedule_bytes((2, 2), layer_kept=3.0, layer_input=1.0, working=10.0) == 17.0
 
 
-@pytest.mark.parametrize("budget", [pytest.param(0.3, marks=pytest.mark.slow), 0])
+# slow: test_the_default_search_splits_a_scan_layers_stack_and_saves_the_split below runs the same
+# default search on the same stack (its every policy and schedule weighed, few compiles, the pick's gradients)
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", [0.3, 0])
 def test_the_default_search_plans_a_scan_layers_stack(budget):
     params, x = _step()
     p = remat.plan(_loss, params, x, memory_budget=budget, measure=False)
@@ -59,8 +68,8 @@ def test_the_default_search_plans_a_scan_layers_stack(budget):
     assert chosen.temp_bytes <= p.limit_bytes
     if budget == 0:  # the leanest compiled is within LEAN_SLACK of the least
         assert chosen.temp_bytes <= 1.01 * p.minimum_bytes
-    unchecked = jax.jit(jax.grad(apply_policies(_loss, (), scan=(NO_CHECKPOINT, None))))(params, x)
     planned = jax.jit(jax.grad(p.apply(_loss)))(params, x)
+    unchecked = _unchecked_grads()
     for a, b in zip(jax.tree.leaves(planned), jax.tree.leaves(unchecked), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
@@ -116,7 +125,7 @@ def test_a_scan_layers_stack_split_in_two_scans_has_the_unsplit_gradients_bitwis
     params, x = _step()
     split = Segments.of(((3, "nothing"), (5, "dots")))
     g = jax.jit(jax.grad(apply_policies(_loss, (), scan=(split, None))))(params, x)
-    g0 = jax.jit(jax.grad(apply_policies(_loss, (), scan=(NO_CHECKPOINT, None))))(params, x)
+    g0 = _unchecked_grads()
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g0), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     with pytest.raises(PlanMismatch) as raised:
@@ -130,6 +139,13 @@ def test_the_default_search_splits_a_scan_layers_stack_and_saves_the_split(tmp_p
     params, x = _step()
     # at 0.8 the fastest fitting option keeps the last layer un-checkpointed: a split
     p = remat.plan(_loss, params, x, memory_budget=0.8, measure=False)
+    labels = {c.label for c in p.candidates}
+    # every policy and schedule weighed, the compile-everything families not
+    for policy in ("nothing", "dots"):
+        assert {f"scan: {policy}, flat", f"scan: {policy}, 4 groups",
+                f"scan: {policy}, binomial(levels=1) {binomial_schedule(DEPTH, 1)}"} <= labels
+    assert "as written" not in labels and not any(label.startswith("whole step") for label in labels)
+    assert sum(c.compiled is not None for c in p.candidates) <= 4
     assert p.chosen is not None and p.chosen.scan is not None and p.chosen.temp_bytes <= p.limit_bytes
     split, groups = p.chosen.scan
     assert isinstance(split, Segments) and groups is None, p.chosen.label
@@ -140,3 +156,6 @@ def test_the_default_search_splits_a_scan_layers_stack_and_saves_the_split(tmp_p
     for a, b in zip(jax.tree.leaves(jax.jit(jax.grad(loaded.apply(_loss)))(params, x)), jax.tree.leaves(planned),
                     strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # the planned split has the un-checkpointed stack's gradients (bitwise: the split test above)
+    for a, b in zip(jax.tree.leaves(planned), jax.tree.leaves(_unchecked_grads()), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
