@@ -53,9 +53,9 @@ def _batches(strategy: st.SearchStrategy, size: int) -> st.SearchStrategy:
     return st.lists(strategy, min_size=size, max_size=size)
 
 
-# two batches of 5 (the first is Hypothesis's simplest program five times); the many are slow
+# two batches of 3 (the first is Hypothesis's simplest program three times); the many are slow
 @_settings(batches=2)
-@given(specs=_batches(function_cases(), 5))
+@given(specs=_batches(function_cases(), 3))
 def test_function_programs(pool, specs):
     _check(pool, specs)
 
