@@ -144,7 +144,8 @@ def test_regions_with_ordered_effects_keep_jax_lowering(capfd):
 def test_lowering_under_vmap_and_higher_order_ad():
     f = remat.checkpoint(lambda x: jnp.sin(x) * x)
     x = jnp.linspace(0.1, 1.0, 4)
-    assert jnp.allclose(jax.jit(jax.vmap(jax.grad(f)))(x), jax.vmap(jax.grad(lambda x: jnp.sin(x) * x))(x))
+    # the reference compiled too: eagerly each primitive compiles on its own
+    assert jnp.allclose(jax.jit(jax.vmap(jax.grad(f)))(x), jax.jit(jax.vmap(jax.grad(lambda x: jnp.sin(x) * x)))(x))
     hess = jax.jit(jax.hessian(lambda x: f(x).sum()))(x)
     assert jnp.allclose(hess, jnp.diag(2 * jnp.cos(x) - x * jnp.sin(x)), atol=1e-6)
 

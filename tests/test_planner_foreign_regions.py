@@ -219,9 +219,13 @@ def _mixed_step():
         return jnp.mean(remat.checkpoint(_block, params[2], x) ** 2)
 
     keys = jax.random.split(jax.random.PRNGKey(3), 3)
-    wide = {"w1": jax.random.normal(keys[1], (WIDTH, 8 * WIDTH)) / WIDTH ** 0.5,
+    return loss, [_weights(keys[0]), _wide_weights(keys), _weights(keys[2])], _batch()
+
+
+@jax.jit  # drawn in one compiled program, as _weights
+def _wide_weights(keys):
+    return {"w1": jax.random.normal(keys[1], (WIDTH, 8 * WIDTH)) / WIDTH ** 0.5,
             "w2": jax.random.normal(keys[2], (8 * WIDTH, WIDTH)) / (8 * WIDTH) ** 0.5}
-    return loss, [_weights(keys[0]), wide, _weights(keys[2])], _batch()
 
 
 def _wide_block(w, h):
