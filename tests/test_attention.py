@@ -70,10 +70,11 @@ def _both(case):
 
 
 #: the default run: these, which between them take every path (causal tiles that are not
-#: square, grouped heads with a float mask and its gradient, a boolean mask with rows that
-#: attend to nothing, float64); the rest are marked slow
-FAST = {jnp.float32: ("causal, tiles (4, 3)", "gqa float mask per head", "rows with no key"),
-        jnp.float64: ("gqa causal",)}
+#: square, in float64; grouped heads with a float mask and its gradient; a boolean mask with rows
+#: that attend to nothing); the rest are marked slow. Grouped heads with causal tiles are compared
+#: in the default run by the bfloat16 and PyTorch tests below.
+FAST = {jnp.float32: ("gqa float mask per head", "rows with no key"),
+        jnp.float64: ("causal, tiles (4, 3)",)}
 
 
 @pytest.mark.parametrize("name, dtype", [
@@ -84,17 +85,26 @@ def test_values_and_gradients_equal_the_whole_softmax(name, dtype):
         _check_values_and_gradients(CASES[name], dtype)
 
 
+def _value_and_pullback(f, wrt):
+    """``f``'s output and the gradient of ``sum(f(...) * cotangent)`` over ``wrt``, from one compiled
+    program (the forward is a part of the backward's program; compiled apart it costs a compile more)."""
+    def run(cotangent, *args):
+        out, pull = jax.vjp(lambda *d: f(*(d[wrt.index(i)] if i in wrt else a for i, a in enumerate(args))),
+                            *(args[i] for i in wrt))
+        return out, pull(cotangent.astype(out.dtype))
+    return jax.jit(run)
+
+
 def _check_values_and_gradients(case, dtype):
     q, k, v, mask = _draw(case, dtype)
     tiled, whole = _both(case)
-    out = jax.jit(tiled)(q, k, v, mask)
-    # the reference compiled too: run eagerly, its dozens of primitives each compile alone
-    np.testing.assert_allclose(out, jax.jit(whole)(q, k, v, mask), rtol=1e-5,
-                               atol=1e-5 if dtype == jnp.float32 else 1e-12)
-    cotangent = jnp.asarray(_rng.normal(size=out.shape), dtype)
     wrt = (0, 1, 2, 3) if mask is not None and mask.dtype != bool else (0, 1, 2)
-    got = jax.jit(jax.grad(lambda *a: (tiled(*a) * cotangent).sum(), wrt))(q, k, v, mask)
-    want = jax.jit(jax.grad(lambda *a: (whole(*a) * cotangent).sum(), wrt))(q, k, v, mask)
+    out_shape = (*q.shape[:-1], v.shape[-1])
+    cotangent = jnp.asarray(_rng.normal(size=out_shape), dtype)
+    out, got = _value_and_pullback(tiled, wrt)(cotangent, q, k, v, mask)
+    # the reference compiled too: run eagerly, its dozens of primitives each compile alone
+    expected, want = _value_and_pullback(whole, wrt)(cotangent, q, k, v, mask)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5 if dtype == jnp.float32 else 1e-12)
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 if dtype == jnp.float32 else 1e-12)
@@ -104,9 +114,10 @@ def _check_values_and_gradients(case, dtype):
 def test_a_query_no_key_may_attend_to_gets_zeros_and_zero_gradients():
     q, k, v = (jnp.ones((1, 4, 3)) for _ in range(3))
     mask = jnp.array([[True] * 5, [False] * 5, [True] * 5, [False] * 5])[None, :, :4]
-    out = ops.scaled_dot_product_attention(q, k, v, mask, chunk=2)
+    # the output and the gradient of its sum, one compiled program (eager, each operation compiles alone)
+    out, (dq,) = _value_and_pullback(lambda q: ops.scaled_dot_product_attention(q, k, v, mask, chunk=2), (0,))(
+        jnp.ones((1, 4, 3)), q)
     np.testing.assert_array_equal(out[0, 1], 0.0)
-    dq = jax.grad(lambda q: ops.scaled_dot_product_attention(q, k, v, mask, chunk=2).sum())(q)
     np.testing.assert_array_equal(dq[0, 3], 0.0)
 
 
@@ -115,11 +126,13 @@ def test_bfloat16_stays_within_one_rounding_of_the_float32_result():
     q, k, v, _ = _draw(case, jnp.float32)
     tiled, whole = _both(case)
     low = [a.astype(jnp.bfloat16) for a in (q, k, v)]
-    out = jax.jit(tiled)(*low, None)
+    # the output and the gradient of its float32 sum (a cotangent of ones), one compiled program
+    out, grads = _value_and_pullback(lambda *a: tiled(*a, None), (0, 1, 2))(jnp.ones(q.shape, jnp.float32), *low)
     assert out.dtype == jnp.bfloat16
-    np.testing.assert_allclose(out.astype(jnp.float32), jax.jit(whole)(*low, None), atol=2e-2, rtol=2e-2)
-    grads = jax.jit(jax.grad(lambda *a: tiled(*a, None).astype(jnp.float32).sum(), (0, 1, 2)))(*low)
-    exact = jax.jit(jax.grad(lambda *a: whole(*a, None).sum(), (0, 1, 2)))(*(a.astype(jnp.float32) for a in low))
+    # both references from one program: the whole softmax on the bfloat16 inputs, and its float32 gradient
+    reference, exact = jax.jit(lambda *a: (whole(*a, None), jax.grad(lambda *a: whole(*a, None).sum(), (0, 1, 2))(
+        *(x.astype(jnp.float32) for x in a))))(*low)
+    np.testing.assert_allclose(out.astype(jnp.float32), reference, atol=2e-2, rtol=2e-2)
     for g, w in zip(grads, exact, strict=True):
         assert g.dtype == jnp.bfloat16
         scale = float(jnp.abs(w).max())
@@ -147,23 +160,29 @@ def test_the_scores_are_never_kept_and_the_compiled_temp_is_far_smaller():
     assert temp["tiled"] < scores_bytes / 4 < temp["whole"], temp
 
 
-def test_composes_with_checkpoint_vmap_and_scan():
+# "nothing" in the default run; "dots" slow (the same attention backward, recomputed inside the checkpoint)
+@pytest.mark.parametrize("policy", ["nothing", pytest.param("dots", marks=pytest.mark.slow)])
+def test_composes_with_checkpoint_and_scan(policy):
     q, k, v, _ = _draw(CASES["gqa causal"], jnp.float32)
 
-    def layer(x, _):
-        y = ops.scaled_dot_product_attention(x, k, v, is_causal=True, enable_gqa=True, chunk=4)
+    def layer(x, _, attention=ops.scaled_dot_product_attention):
+        y = attention(x, k, v, is_causal=True, enable_gqa=True, chunk=4)
         return jnp.tanh(y[..., :4] + x), None
 
-    def stack(x, policy):
-        body = checkpoint(layer, policy=policy) if policy else layer
-        return lax_scan_sum(body, x)
+    def whole(q, k, v, **_):
+        return _reference(q, k, v, causal=True, gqa=True)
 
-    def lax_scan_sum(body, x):
+    def stack(x, body):
         return jax.lax.scan(body, x, None, length=3)[0].sum()
 
-    want = jax.jit(jax.grad(stack), static_argnums=1)(q, None)
-    for policy in ("nothing", "dots"):
-        np.testing.assert_allclose(jax.jit(jax.grad(stack), static_argnums=1)(q, policy), want, rtol=1e-5, atol=1e-6)
+    # the plain scan of the whole softmax: a cheaper program to compile than the tiles' plain scan
+    want = jax.jit(jax.grad(lambda x: stack(x, lambda x, _: layer(x, _, whole))))(q)
+    np.testing.assert_allclose(jax.jit(jax.grad(lambda x: stack(x, checkpoint(layer, policy=policy))))(q), want,
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_composes_with_vmap():
+    q, k, _, _ = _draw(CASES["gqa causal"], jnp.float32)
     per_batch = jax.vmap(lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, is_causal=True, chunk=4))
     qs, ks, vs = (a.reshape(-1, *a.shape[-2:])[:3] for a in (q, k, k))
     causal_reference = jax.jit(lambda q, k, v: _reference(q, k, v, causal=True))
@@ -191,9 +210,11 @@ def _check_dropout():
 
 def test_dropout_keeps_the_expected_value():
     q, k, v, _ = _draw(CASES["plain"] | {"q": (1, 1, 64, 4), "k": (1, 1, 64, 4), "v": (1, 1, 64, 4)}, jnp.float32)
-    outs = jax.vmap(lambda key: ops.scaled_dot_product_attention(q, k, v, dropout_p=0.5, dropout_rng=key, chunk=16))(
+    # compiled: eager, the batched loops' operations each compile alone
+    outs = jax.jit(jax.vmap(lambda key: ops.scaled_dot_product_attention(q, k, v, dropout_p=0.5, dropout_rng=key,
+                                                                         chunk=16)))(
         jax.random.split(jax.random.key(0), 400))
-    np.testing.assert_allclose(outs.mean(0), _reference(q, k, v), atol=0.1)
+    np.testing.assert_allclose(outs.mean(0), jax.jit(_reference)(q, k, v), atol=0.1)
 
 
 @pytest.mark.parametrize("call, message", [
@@ -224,9 +245,14 @@ def test_matches_torch_scaled_dot_product_attention(causal):
     tq, tk, tv = (torch.tensor(np.asarray(a), requires_grad=True) for a in (q, k, v))
     expected = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, enable_gqa=True)
     expected.pow(2).sum().backward()
-    out = ops.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True, chunk=16)
+
+    @jax.jit  # the output and the gradient of sum(out ** 2) from one program, not one per operation
+    def out_and_grads(q, k, v):
+        out, pull = jax.vjp(lambda *a: ops.scaled_dot_product_attention(*a, is_causal=causal, enable_gqa=True,
+                                                                         chunk=16), q, k, v)
+        return out, pull(2 * out)
+
+    out, grads = out_and_grads(q, k, v)
     np.testing.assert_allclose(out, expected.detach().numpy(), rtol=1e-5, atol=1e-6)
-    grads = jax.grad(lambda *a: (ops.scaled_dot_product_attention(*a, is_causal=causal, enable_gqa=True,
-                                                                   chunk=16) ** 2).sum(), (0, 1, 2))(q, k, v)
     for g, t in zip(grads, (tq, tk, tv), strict=True):
         np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-4, atol=1e-5)
