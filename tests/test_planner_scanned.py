@@ -124,3 +124,56 @@ def test_regions_inside_nested_scans_and_outside_are_planned_together():
     costs = region_costs(loss, (params, x), 3, [NO_CHECKPOINT, "nothing"], rates=current_rates())
     assert costs is not None and costs.trips == [1, 12, 1]  # the inner region runs 3 x 4 times
     _assert_planned_by_default_search(loss, params, x)
+
+
+def test_while_a_scanned_regions_last_trip_runs_its_earlier_trips_are_live():
+    """The peak model: one region scanned six times, keeping 1 a trip with a working set of
+    4, peaks at 5 + 4 while its last trip runs; the exact assignment weighs that lead, as
+    the brute force over every assignment does."""
+    import itertools
+    import random
+
+    from remat.planner._assign import RegionOption, fastest_within, front_within, peak
+
+    assert peak([6], [4], [5]) == 9 and peak([6], [4]) == 6
+    rng = random.Random(0)
+    for _ in range(30):
+        n = rng.randint(1, 4)
+        options = [[RegionOption(float(k), rng.uniform(0, 10), float(rng.randint(0, k)))
+                     for k in (rng.randint(0, 20) for _ in range(rng.randint(1, 4)))] for _ in range(n)]
+        working, limit = [float(rng.randint(0, 30)) for _ in range(n)], float(rng.randint(0, 80))
+
+        def peak_of(choice, options=options, working=working):
+            chosen = [options[i][j] for i, j in enumerate(choice)]
+            return peak([o.kept for o in chosen], working, [o.lead for o in chosen])
+
+        fitting = {c: sum(options[i][j].ms for i, j in enumerate(c))
+                   for c in itertools.product(*[range(len(o)) for o in options]) if peak_of(c) <= limit}
+        found = fastest_within(options, working, limit)
+        assert (found is None) == (not fitting)
+        if found is not None:
+            assert found.ms == pytest.approx(min(fitting.values())) and found.peak == peak_of(found.choice)
+            front = front_within(options, working, limit)
+            assert all(a.peak == peak_of(a.choice) and a.ms == pytest.approx(fitting[a.choice]) for a in front)
+            assert min(a.ms for a in front) == pytest.approx(found.ms)
+
+
+def test_the_model_counts_a_scanned_regions_earlier_trips_and_a_splits_layers_but_the_last():
+    from remat.planner._fast import region_model
+    from remat.planner._segments import Segments
+    from remat.planner._split_options import SPLIT_COPIES, with_splits
+
+    step, params, x = _lax_step()
+    costs = region_costs(step, (params, x), 1, [NO_CHECKPOINT, "nothing"], rates=current_rates())
+    scanned = sum(v.size * 4 for v in jax.tree.leaves(params))
+    costs, splits = with_splits(costs, [DEPTH], [scanned])
+    model = region_model(costs, current_rates())
+    (none_kept, nothing_kept, *_), options = costs.kept[0], model.options[0]
+    assert options[0].lead == (DEPTH - 1) * none_kept and options[1].lead == (DEPTH - 1) * nothing_kept
+    # all "nothing": every trip but the last keeps its input while the last works whole
+    assert model.assignment((1,)).peak == (DEPTH - 1) * nothing_kept + none_kept
+    split = Segments.of(((2, "nothing"), (DEPTH - 2, NO_CHECKPOINT)))
+    j = costs.options.index(split)
+    kept = 2 * nothing_kept + (DEPTH - 2) * none_kept + SPLIT_COPIES * scanned
+    assert options[j].kept == pytest.approx(kept, abs=DEPTH)
+    assert options[j].lead == pytest.approx(kept - none_kept, abs=DEPTH)
