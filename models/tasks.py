@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -144,10 +145,26 @@ def init_model(cls: Any, config: Any, seed: int) -> Any:
     Under ``jax.jit`` (one compilation instead of one per parameter shape) and with JAX's
     non-partitionable threefry: on XLA:CPU (jax 0.10) the partitionable one compiles a normal
     draw of a 4-D conv-kernel shape many times slower (docs/design.md). Both only
-    change which random initial weights are drawn. ``jax.jit`` of the state, not
-    ``nnx.jit``: an ``nnx.jit`` wrapper is a reference cycle, so its compiled program
-    would be freed by whichever later full garbage collection finds it, inside whatever
-    the caller times next (a plan, say: CHANGELOG.md), instead of on return.
+    change which random initial weights are drawn. The compiled program is kept for the
+    same class, config and seed (:func:`_initializer`), so a second model of them costs no
+    compile; a config that cannot be hashed compiles afresh.
+    """
+    from flax import nnx
+
+    try:
+        graphdef, initial_state = _initializer(cls, config, seed)
+    except TypeError:  # an unhashable config (a list in a field, say)
+        graphdef, initial_state = _initializer.__wrapped__(cls, config, seed)
+    return nnx.merge(graphdef, initial_state())
+
+
+@functools.lru_cache(maxsize=16)
+def _initializer(cls: Any, config: Any, seed: int) -> tuple[Any, Callable[[], Any]]:
+    """The model's graph definition and its initial state's compiled program.
+
+    ``jax.jit`` of the state, not ``nnx.jit``: an ``nnx.jit`` wrapper is a reference cycle,
+    so a compiled program dropped with it would be freed by whichever later full garbage
+    collection finds it, inside whatever the caller times next (a plan, say: CHANGELOG.md).
     """
     import jax
     from flax import nnx
@@ -160,8 +177,8 @@ def init_model(cls: Any, config: Any, seed: int) -> Any:
 
     scope = getattr(jax, "threefry_partitionable", None)
     with scope(False) if scope is not None else contextlib.nullcontext():
-        state = jax.jit(initial_state)()
-    return nnx.merge(structure["graphdef"], state)
+        compiled = jax.jit(initial_state).lower().compile()
+    return structure["graphdef"], compiled
 
 
 def _config_fields(config: Any) -> dict[str, Any]:
