@@ -290,7 +290,7 @@ RNGS = {"dropout": jax.random.key(2)}
 
 @pytest.fixture(scope="module")
 def linen_params():
-    return LinenBlock().init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, X)
+    return jax.jit(LinenBlock().init)({"params": jax.random.key(0), "dropout": jax.random.key(1)}, X)
 
 
 def _linen_loss(form, **kw):
@@ -305,15 +305,17 @@ def _linen_loss(form, **kw):
                                   for f in LINEN_FORMS])
 def test_linen_forms(form, linen_params):
     # same parameter tree
-    p1 = LinenBlock(form).init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, X)
+    p1 = jax.jit(LinenBlock(form).init)({"params": jax.random.key(0), "dropout": jax.random.key(1)}, X)
     assert_trees_close(p1, linen_params)
     f0, f1 = _linen_loss(None), _linen_loss(form)
-    assert_trees_close(f1(linen_params), f0(linen_params))
-    g0 = jax.grad(f0)(linen_params)
-    assert_trees_close(jax.grad(f1)(linen_params), g0)
-    assert_trees_close(jax.jit(jax.grad(f1))(linen_params), g0)
-    # non-array argument train=False takes the deterministic branch
-    assert_trees_close(f1(linen_params, train=False), f0(linen_params, train=False))
+    # one program for both sides (eager, op by op: test_linen_forms_eager)
+    values, grads, deterministic = jax.jit(lambda p: (
+        (f1(p), f0(p)), (jax.grad(f1)(p), jax.grad(f0)(p)),
+        # non-array argument train=False takes the deterministic branch
+        (f1(p, train=False), f0(p, train=False))))(linen_params)
+    assert_trees_close(*values)
+    assert_trees_close(*grads)
+    assert_trees_close(*deterministic)
     # rematerialization happens
     assert remat_count(f0, linen_params) == 0
     assert remat_count(f1, linen_params) == 1
@@ -321,6 +323,17 @@ def test_linen_forms(form, linen_params):
     assert len(nonarg_residuals(f1, linen_params)) < len(nonarg_residuals(f0, linen_params))
     assert not any("LinenSub" in d for _, d in nonarg_residuals(f1, linen_params))
     assert any("LinenSub" in d for _, d in nonarg_residuals(f0, linen_params))
+
+
+# slow (op by op); eager Linen checkpoints in the fast suite: test_linen_module_as_first_argument,
+# test_linen_partial_of_bound_method, test_linen_dropout_is_active
+@pytest.mark.slow
+@pytest.mark.parametrize("form", LINEN_FORMS)
+def test_linen_forms_eager(form, linen_params):
+    f0, f1 = _linen_loss(None), _linen_loss(form)
+    assert_trees_close(f1(linen_params), f0(linen_params))
+    assert_trees_close(jax.grad(f1)(linen_params), jax.grad(f0)(linen_params))
+    assert_trees_close(f1(linen_params, train=False), f0(linen_params, train=False))
 
 
 def test_linen_dropout_is_active(linen_params):
@@ -351,7 +364,7 @@ class LinenBN(nn.Module):
 
 
 def test_linen_batchnorm_mutable_batch_stats():
-    v = LinenBN(False).init(jax.random.key(0), X)
+    v = jax.jit(LinenBN(False).init)(jax.random.key(0), X)
 
     def run(ck):
         def loss(p):
@@ -360,7 +373,7 @@ def test_linen_batchnorm_mutable_batch_stats():
 
         return jax.grad(loss, has_aux=True)(v["params"])
 
-    (g0, u0), (g1, u1) = run(False), run(True)
+    (g0, u0), (g1, u1) = jax.jit(lambda: (run(False), run(True)))()  # one program for both sides
     assert_trees_close(g1, g0)
     assert_trees_close(u1, u0)
     assert not np.allclose(u1["batch_stats"]["bn"]["mean"], v["batch_stats"]["bn"]["mean"])
@@ -383,15 +396,17 @@ class Top(nn.Module):
 
 
 def test_linen_class_param_tree_unchanged():
-    p0 = Top(nn.Dense).init(jax.random.key(0), X)
-    p1 = Top(checkpoint(nn.Dense)).init(jax.random.key(0), X)
+    # the inits compiled together (one program, not one eager dispatch per op)
+    p0, p1, standalone, standalone0 = jax.jit(lambda key: (
+        Top(nn.Dense).init(key, X), Top(checkpoint(nn.Dense)).init(key, X),
+        checkpoint(nn.Dense)(3).init(key, X), nn.Dense(3).init(key, X)))(jax.random.key(0))
     assert set(p1["params"]) == {"Dense_0", "Dense_1"}
     assert_trees_close(p1, p0)
     # nn.remat renames the parameters; checkpoint(nn.Dense) does not
-    p_remat = Top(nn.remat(nn.Dense)).init(jax.random.key(0), X)
+    p_remat = jax.eval_shape(Top(nn.remat(nn.Dense)).init, jax.random.key(0), X)
     assert set(p_remat["params"]) != {"Dense_0", "Dense_1"}
     # standalone too
-    assert_trees_close(checkpoint(nn.Dense)(3).init(jax.random.key(0), X), nn.Dense(3).init(jax.random.key(0), X))
+    assert_trees_close(standalone, standalone0)
     assert checkpoint(nn.Dense).__name__ == "Dense"
     assert issubclass(checkpoint(nn.Dense), nn.Dense)
 

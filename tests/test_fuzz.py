@@ -6,7 +6,7 @@ the identity, and every value and gradient must agree: the same tree, dtypes and
 floats to rtol 1e-6 (float32) or 1e-12 (float64). A failure names the spec and the command
 that reproduces it, ``python -m tests.fuzz.run '<spec>'``. See docs/property-tests.md.
 
-The fast run draws 16 cases (10 programs, 6 NNX stacks); ``-m slow`` draws 2,000 more (1,900 programs, 100 NNX stacks),
+The fast run draws 12 cases (6 programs, 6 NNX stacks); ``-m slow`` draws 2,000 more (1,900 programs, 100 NNX stacks),
 with a fixed seed (derandomized).
 """
 from __future__ import annotations
