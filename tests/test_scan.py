@@ -165,8 +165,9 @@ def test_nnx_gradients_equal_unrolled(policy, nesting):
     assert not np.allclose(layers.lin.kernel[...][0], layers.lin.kernel[...][1])
     x = jax.random.normal(jax.random.PRNGKey(2), (3, 8))
 
-    grads = nnx.jit(nnx.grad(lambda m, x: jnp.sum(scan_nnx_layers(m, x, policy=policy, **nesting) ** 2)))(layers, x)
-    ref = nnx.jit(nnx.grad(lambda m, x: jnp.sum(_nnx_unrolled(m, x, 4) ** 2)))(layers, x)
+    scanned = nnx.grad(lambda m, x: jnp.sum(scan_nnx_layers(m, x, policy=policy, **nesting) ** 2))
+    unrolled = nnx.grad(lambda m, x: jnp.sum(_nnx_unrolled(m, x, 4) ** 2))
+    grads, ref = nnx.jit(lambda m, x: (scanned(m, x), unrolled(m, x)))(layers, x)  # one compile for both
     assert_trees_close(grads, ref)
 
 
@@ -229,9 +230,9 @@ def test_linen_gradients_equal_unrolled(policy, nesting):
             x = block.apply({"params": jax.tree.map(lambda a, i=i: a[i], layer_params)}, x)
         return jnp.sum(x ** 2)
 
-    # One jit per side: eager scans would compile every piece separately (slow).
-    value, g = jax.jit(jax.value_and_grad(loss))(variables["params"], x)
-    ref_value, ref_g = jax.jit(jax.value_and_grad(ref_loss))(flat_layers, x)
+    # One jit for both sides: eager scans would compile every piece separately (slow).
+    (value, g), (ref_value, ref_g) = jax.jit(lambda p, flat, x: (
+        jax.value_and_grad(loss)(p, x), jax.value_and_grad(ref_loss)(flat, x)))(variables["params"], flat_layers, x)
     np.testing.assert_allclose(value, ref_value, rtol=1e-5)
     g_layers = g[top]["layers"] if nesting else g["layers"]
     g_layers = jax.tree.map(lambda a: a.reshape(4, *a.shape[2:]) if nesting else a, g_layers)
