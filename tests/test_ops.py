@@ -58,9 +58,9 @@ SLOW_VARIANTS = ("gelu_tanh", "softmax_axis0")
 ])
 def test_values_and_gradients_equal_reference(name, lean, reference):
     x = _data()
-    # each side's value and gradient from one compiled program (eager, every operation compiles alone)
-    (y_lean, g_lean), (y_ref, g_ref) = (jax.jit(lambda v, f=f: (f(v), jax.grad(_weighted(f))(v)))(x)
-                                        for f in (lean, reference))
+    # both sides' values and gradients from one compiled program (eager, every operation compiles alone)
+    (y_lean, g_lean), (y_ref, g_ref) = jax.jit(lambda v: tuple((f(v), jax.grad(_weighted(f))(v))
+                                                               for f in (lean, reference)))(x)
     np.testing.assert_allclose(y_lean, y_ref, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(g_lean, g_ref, rtol=1e-5, atol=1e-5)
 
@@ -94,18 +94,23 @@ def test_layer_norm_module_matches_flax_and_falls_back_with_mask():
     flax_ln = nnx.LayerNorm(16, epsilon=EPS, use_fast_variance=False, rngs=nnx.Rngs(0))
     assert isinstance(lean, nnx.LayerNorm)
     assert jax.tree.structure(nnx.state(lean)) == jax.tree.structure(nnx.state(flax_ln))
-    np.testing.assert_allclose(lean(x), flax_ln(x), rtol=1e-5, atol=1e-5)
     mask = x > -10  # everything in: the masked path is Flax's own
-    np.testing.assert_allclose(lean(x, mask=mask), flax_ln(x, mask=mask), rtol=1e-5, atol=1e-5)
+    # the four outputs from one compiled program (eager, each operation compiles alone)
+    ours, theirs, ours_masked, theirs_masked = nnx.jit(lambda a, b, x, mask: (a(x), b(x), a(x, mask=mask),
+                                                                              b(x, mask=mask)))(lean, flax_ln, x, mask)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ours_masked, theirs_masked, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, pytest.param(jnp.float16, marks=pytest.mark.slow)])
 def test_half_precision_keeps_dtype_and_is_close(dtype):
     x = _data(dtype=dtype)
-    for name, lean, reference in UNARY:
-        y, g = jax.jit(lambda v, f=lean: (f(v), jax.grad(_weighted(f))(v)))(x)  # one program, not one per operation
+    # every op's value and gradient, and every float32 reference, from one compiled program
+    # (eager, each operation compiles alone; one program per op, a compile's fixed cost 16 times)
+    results = jax.jit(lambda v: [(lean(v), jax.grad(_weighted(lean))(v), reference(v.astype(jnp.float32)))
+                                 for _, lean, reference in UNARY])(x)
+    for (name, _, _), (y, g, ref) in zip(UNARY, results, strict=True):
         assert y.dtype == dtype and g.dtype == dtype, name
-        ref = jax.jit(reference)(x.astype(jnp.float32))
         np.testing.assert_allclose(y.astype(jnp.float32), ref, rtol=5e-2, atol=5e-2, err_msg=name)
 
 
@@ -119,29 +124,37 @@ def test_inside_checkpoint_gradients_are_unchanged(policy):
         h = ops.layer_norm(v, s)
         return ops.softmax(ops.gelu(h) @ jnp.eye(16), where=MASK) * ops.tanh(ops.relu(h))
 
-    plain = jax.jit(jax.grad(lambda v, s: jnp.sum(block(v, s) ** 2), argnums=(0, 1)))(x, scale)
-    ckpt = jax.jit(jax.grad(lambda v, s: jnp.sum(remat.checkpoint(block, v, s, policy=policy) ** 2),
-                            argnums=(0, 1)))(x, scale)
+    # both gradients from one compiled program
+    plain, ckpt = jax.jit(lambda v, s: (
+        jax.grad(lambda v, s: jnp.sum(block(v, s) ** 2), argnums=(0, 1))(v, s),
+        jax.grad(lambda v, s: jnp.sum(remat.checkpoint(block, v, s, policy=policy) ** 2), argnums=(0, 1))(v, s)))(
+        x, scale)
     assert_trees_close(plain, ckpt, rtol=1e-6, atol=1e-6)
 
 
 def test_vmap_and_scan_compose():
     x = _data()
-    per_row = jax.jit(jax.vmap(jax.grad(lambda v: jnp.sum(ops.gelu(ops.layer_norm(v)) ** 2))))(x)
-    whole = jax.jit(jax.grad(lambda v: jnp.sum(ops.gelu(ops.layer_norm(v)) ** 2)))(x)
-    np.testing.assert_allclose(per_row, whole, rtol=1e-5, atol=1e-6)
+
+    def loss(v):
+        return jnp.sum(ops.gelu(ops.layer_norm(v)) ** 2)
 
     def scanned(v):
         return jax.lax.scan(lambda c, _: (ops.tanh(c), None), v, None, length=3)[0].sum()
 
-    ref = jax.jit(jax.grad(lambda v: jnp.tanh(jnp.tanh(jnp.tanh(v))).sum()))(x)
-    np.testing.assert_allclose(jax.jit(jax.grad(scanned))(x), ref, rtol=1e-6, atol=1e-6)
+    # the four gradients from one compiled program (one per gradient, a compile's fixed cost four times)
+    per_row, whole, scan_grad, ref = jax.jit(lambda v: (
+        jax.vmap(jax.grad(loss))(v), jax.grad(loss)(v), jax.grad(scanned)(v),
+        jax.grad(lambda v: jnp.tanh(jnp.tanh(jnp.tanh(v))).sum())(v)))(x)
+    np.testing.assert_allclose(per_row, whole, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(scan_grad, ref, rtol=1e-6, atol=1e-6)
 
 
 def test_relu_gradient_at_zero_is_zero_like_jax():
     x = jnp.array([-1.0, 0.0, 2.0])
-    np.testing.assert_array_equal(jax.grad(lambda v: ops.relu(v).sum())(x), [0.0, 0.0, 1.0])
-    np.testing.assert_array_equal(jax.grad(lambda v: jax.nn.relu(v).sum())(x), [0.0, 0.0, 1.0])
+    ours, theirs = jax.jit(lambda v: (jax.grad(lambda v: ops.relu(v).sum())(v),
+                                      jax.grad(lambda v: jax.nn.relu(v).sum())(v)))(x)  # one program
+    np.testing.assert_array_equal(ours, [0.0, 0.0, 1.0])
+    np.testing.assert_array_equal(theirs, [0.0, 0.0, 1.0])
 
 
 def test_layer_norm_rejects_mis_shaped_parameters():
