@@ -53,10 +53,12 @@ def test_values_and_gradients_equal_lax_dot_general(lhs_shape, rhs_shape, dims, 
     a = jnp.asarray(rng.normal(size=lhs_shape), BF16)
     b = jnp.asarray(rng.normal(size=rhs_shape), BF16)
     reference, ours = _rounded(lax.dot_general, dims, preferred), _rounded(ops.dot_general, dims, preferred)
-    np.testing.assert_array_equal(np.asarray(ours(a, b), F32), np.asarray(reference(a, b), F32))
-    weights = jnp.asarray(rng.normal(size=reference(a, b).shape), F32)
-    expected = jax.jit(jax.grad(_loss(reference, weights), (0, 1)))(a, b)
-    got = jax.jit(jax.grad(_loss(ours, weights), (0, 1)))(a, b)
+    weights = jnp.asarray(rng.normal(size=jax.eval_shape(reference, a, b).shape), F32)
+    # both values and both gradients from one compiled program (eager, each operation compiles alone)
+    (value, want_value), (got, expected) = jax.jit(lambda a, b: (
+        (ours(a, b), reference(a, b)),
+        (jax.grad(_loss(ours, weights), (0, 1))(a, b), jax.grad(_loss(reference, weights), (0, 1))(a, b))))(a, b)
+    np.testing.assert_array_equal(np.asarray(value, F32), np.asarray(want_value, F32))
     for e, g in zip(expected, got):
         assert g.dtype == e.dtype == BF16 and g.shape == e.shape
         # the same float32 sums of the same bfloat16 products, rounded once: at these sizes the
@@ -72,8 +74,8 @@ def test_at_a_layer_size_the_gradients_differ_by_at_most_one_bfloat16_rounding()
     w = jnp.asarray(rng.normal(size=(576, 1536)) / 24, BF16)
     dims = (((2,), (0,)), ((), ()))
     weights = jnp.asarray(rng.normal(size=(1, 256, 1536)), F32)
-    expected = jax.jit(jax.grad(_loss(_rounded(lax.dot_general, dims, F32), weights), (0, 1)))(x, w)
-    got = jax.jit(jax.grad(_loss(_rounded(ops.dot_general, dims, F32), weights), (0, 1)))(x, w)
+    expected, got = jax.jit(lambda x, w: tuple(jax.grad(_loss(_rounded(dot, dims, F32), weights), (0, 1))(x, w)
+                                               for dot in (lax.dot_general, ops.dot_general)))(x, w)  # one program
     # each gradient's sum of absolute products: the scale of the float32 summation error
     g_out = np.asarray((weights.astype(BF16)), F32)
     scales = (np.abs(g_out) @ np.abs(np.asarray(w, F32)).T, np.abs(np.asarray(x, F32))[0].T @ np.abs(g_out[0]))
@@ -125,9 +127,13 @@ def test_a_float32_dense_layer_differentiates_as_two_2d_products(w_shape, dims):
     rng = np.random.default_rng(1)
     x, w = jnp.asarray(rng.normal(size=(2, 5, 8)), F32), jnp.asarray(rng.normal(size=w_shape), F32)
     weights = jnp.asarray(rng.normal(size=(2, 5, 3)), F32)
-    np.testing.assert_array_equal(ops.dot_general(x, w, dims), lax.dot_general(x, w, dims))
-    got = jax.grad(lambda x, w: (ops.dot_general(x, w, dims) * weights).sum(), (0, 1))(x, w)
-    want = jax.grad(lambda x, w: (lax.dot_general(x, w, dims) * weights).sum(), (0, 1))(x, w)
+    def value_and_grads(dot, x, w):
+        return dot(x, w, dims), jax.grad(lambda x, w: (dot(x, w, dims) * weights).sum(), (0, 1))(x, w)
+
+    # both values and both gradients from one compiled program (eager, each operation compiles alone)
+    (value, got), (want_value, want) = jax.jit(lambda x, w: (value_and_grads(ops.dot_general, x, w),
+                                                             value_and_grads(lax.dot_general, x, w)))(x, w)
+    np.testing.assert_array_equal(value, want_value)
     for g, e in zip(got, want, strict=True):
         assert g.dtype == e.dtype and g.shape == e.shape
         np.testing.assert_allclose(g, e, rtol=1e-6, atol=1e-6)
