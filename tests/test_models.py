@@ -38,6 +38,12 @@ def _grads(model, *xs):
     return _jit(lambda s, *a: nnx.grad(lambda m: jnp.sum(m(*a)))(nnx.merge(graphdef, s)))(state, *xs)
 
 
+@nnx.jit
+def _forward(model, *xs):
+    """``model(*xs)`` compiled: run eagerly, each operation compiles alone (a CNN's forward, seconds)."""
+    return model(*xs)
+
+
 def _assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
     """Norm-wise: max|a - b| <= atol + rtol * max|b| per leaf (float32 reordering noise)."""
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
@@ -114,7 +120,7 @@ def test_twin_outputs_match(name):
 
     jax_model, torch_model, inputs = MODELS[name].build()
     jax_inputs = [jnp.asarray(np.moveaxis(a, 1, -1) if a.ndim == 4 else a) for a in inputs]
-    out = np.asarray(jax_model(*jax_inputs))
+    out = np.asarray(_forward(jax_model, *jax_inputs))
     with torch.no_grad():
         ref = torch_model(*[torch.from_numpy(a) for a in inputs]).numpy()
     assert out.shape == ref.shape
@@ -137,7 +143,7 @@ def test_variants_match(config):
     if isinstance(config, cnn.CNNConfig):
         jax_model.eval(), torch_model.eval()
     x = inputs[0]
-    out = np.asarray(jax_model(jnp.asarray(np.moveaxis(x, 1, -1) if x.ndim == 4 else x)))
+    out = np.asarray(_forward(jax_model, jnp.asarray(np.moveaxis(x, 1, -1) if x.ndim == 4 else x)))
     with torch.no_grad():
         ref = torch_model(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
@@ -259,11 +265,11 @@ def test_nnx_batchnorm_running_var_differs_from_torch_by_n_over_n_minus_1():
         fbn = nnx.BatchNorm(3, momentum=0.9, use_fast_variance=False, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
         fbn.mean.set_value(jnp.zeros(3, jnp.float64))
         fbn.var.set_value(jnp.ones(3, jnp.float64))
-        fbn(xs)
+        _forward(fbn, xs)
         ours = cnn.BatchNorm(3, momentum=0.9, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
         ours.mean.set_value(jnp.zeros(3, jnp.float64))
         ours.var.set_value(jnp.ones(3, jnp.float64))
-        ours(xs)
+        _forward(ours, xs)
         flax_var, our_var = np.asarray(fbn.var[...]), np.asarray(ours.var[...])
     torch_var = tbn.running_var.numpy()
     np.testing.assert_allclose((torch_var - 0.9) / (flax_var - 0.9), n / (n - 1), rtol=1e-12)
