@@ -67,16 +67,21 @@ def test_nnx_batchnorm_matches_torch_in_train_and_eval():
         bn.bias.set_value(jnp.asarray(bias))
         bn.mean.set_value(jnp.zeros(C, jnp.float64))
         bn.var.set_value(jnp.ones(C, jnp.float64))
+        def loss(m, x):
+            y = m(x)
+            return jnp.sum(y * y), y
+
+        @nnx.jit  # compiled: eager, each operation of the step compiles alone
+        def step(m, x):
+            (_, y), (gm, gx) = nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True)(m, x)
+            return y, gx, gm.scale[...], gm.bias[...]  # the running statistics update m in place
+
         train = []
         for x in xs:
-            def loss(m, x):
-                y = m(x)
-                return jnp.sum(y * y), y
-
-            (_, y), (gm, gx) = nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True)(bn, _nhwc(x))
-            train.append((y, (gx, np.asarray(gm.scale[...]), np.asarray(gm.bias[...]))))
+            y, gx, g_scale, g_bias = step(bn, _nhwc(x))
+            train.append((y, (gx, np.asarray(g_scale), np.asarray(g_bias))))
         bn.eval()
-        ours = {"train": train, "eval": bn(_nhwc(xs[0])), "mean": np.asarray(bn.mean[...]),
+        ours = {"train": train, "eval": nnx.jit(lambda m, x: m(x))(bn, _nhwc(xs[0])), "mean": np.asarray(bn.mean[...]),
                 "var": np.asarray(bn.var[...])}
     _check(ours, _torch_run(xs, weight, bias))
 
@@ -90,17 +95,19 @@ def test_linen_batchnorm_matches_torch_in_train_and_eval():
         np.testing.assert_array_equal(variables["batch_stats"]["var"], np.ones(C))  # not updated by init
         params = {"scale": jnp.asarray(weight), "bias": jnp.asarray(bias)}
         stats = variables["batch_stats"]
+        def loss(params, x, stats):
+            y, upd = bn.apply({"params": params, "batch_stats": stats}, x, use_running_average=False,
+                              mutable=["batch_stats"])
+            return jnp.sum(y * y), (y, upd["batch_stats"])
+
+        # compiled: eager, each operation of the step compiles alone
+        step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
         train = []
         for x in xs:
-            def loss(params, x, stats):
-                y, upd = bn.apply({"params": params, "batch_stats": stats}, x, use_running_average=False,
-                                  mutable=["batch_stats"])
-                return jnp.sum(y * y), (y, upd["batch_stats"])
-
-            (_, (y, stats)), (gp, gx) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, _nhwc(x),
-                                                                                                stats)
+            (_, (y, stats)), (gp, gx) = step(params, _nhwc(x), stats)
             train.append((y, (gx, np.asarray(gp["scale"]), np.asarray(gp["bias"]))))
-        evals = bn.apply({"params": params, "batch_stats": stats}, _nhwc(xs[0]), use_running_average=True)
+        evals = jax.jit(lambda params, stats, x: bn.apply({"params": params, "batch_stats": stats}, x,
+                                                          use_running_average=True))(params, stats, _nhwc(xs[0]))
         ours = {"train": train, "eval": evals, "mean": np.asarray(stats["mean"]), "var": np.asarray(stats["var"])}
     _check(ours, _torch_run(xs, weight, bias))
 
@@ -111,8 +118,10 @@ def test_flax_batchnorm_running_var_is_the_biased_one():
     n = x.size // C
     ours = LinenBatchNorm(use_running_average=False, momentum=0.0)
     theirs = linen.BatchNorm(use_running_average=False, momentum=0.0, use_fast_variance=False)
-    v_ours = ours.apply(ours.init(jax.random.key(0), x), x, mutable=["batch_stats"])[1]["batch_stats"]["var"]
-    v_theirs = theirs.apply(theirs.init(jax.random.key(0), x), x, mutable=["batch_stats"])[1]["batch_stats"]["var"]
+    # both initialised and applied in one compiled program (eager, each operation compiles alone)
+    v_ours, v_theirs = jax.jit(lambda x: tuple(
+        bn.apply(bn.init(jax.random.key(0), x), x, mutable=["batch_stats"])[1]["batch_stats"]["var"]
+        for bn in (ours, theirs)))(x)
     np.testing.assert_allclose(np.asarray(v_ours), np.asarray(v_theirs) * n / (n - 1), rtol=1e-5)
 
 
