@@ -317,17 +317,20 @@ def test_load_factory_import_error_is_one_line(tmp_path):
         load_factory(f"{f}:make")
 
 
-def test_a_built_task_leaves_its_init_program_to_reference_counting():
+# the MLP in the default run; the transformer (the same init_model path, a larger program) slow
+@pytest.mark.parametrize("name", ["mlp", pytest.param("transformer", marks=pytest.mark.slow)])
+def test_a_built_task_leaves_its_init_program_to_reference_counting(name):
     """Building a task frees the compiled init program on return, not at some later
     garbage collection (which would land inside whatever the caller times next, a plan say)."""
     import gc
 
-    from remat.models.tasks import make_task
+    from remat.models import tasks
 
+    tasks._initializer.cache_clear()  # a program another test compiled for this config would not be built here
     gc.collect()
     gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds is kept in gc.garbage, to look at
     try:
-        task = make_task("transformer", depth=1, seed=0)
+        task = tasks.make_task(name, depth=1, seed=0)
         gc.collect()
         cyclic = {type(o).__name__ for o in gc.garbage}
     finally:

@@ -94,6 +94,7 @@ def test_transformer_mixed_gradients_and_training():
     assert t.losses["jax"][0] == t.losses["torch"][0]
 
 
+@pytest.mark.slow  # test_cli_table trains the MLP in mixed precision (compare_training, --steps 2) by default
 def test_mlp_mixed_training_passes_with_float32_weights():
     entry = MODELS["mlp"]
     jm, tm, x = entry.build()
