@@ -14,13 +14,10 @@ class RegionOption(NamedTuple):
     Attributes:
       kept: bytes the region keeps from its forward pass to its backward pass.
       ms: the region's predicted share of the step time under this choice.
-      lead: of ``kept``, the bytes still live while the region's last run works (a region
-        in a scanned body: what its earlier trips keep; 0 for a region that runs once).
     """
 
     kept: float
     ms: float
-    lead: float = 0.0
 
 
 class Assignment(NamedTuple):
@@ -46,34 +43,30 @@ def below(top: float) -> float:
     return top * JUST_BELOW
 
 
-def peak(kept: Sequence[float], working: Sequence[float], leads: Sequence[float] | None = None) -> float:
+def peak(kept: Sequence[float], working: Sequence[float]) -> float:
     """The predicted peak of a step whose regions keep ``kept`` bytes each, in order.
 
     While region ``i`` runs (its forward, or its backward with its forward recomputed),
-    every earlier region's kept values are live, and so are what its own earlier runs keep
-    (``leads[i]``: a scanned region's earlier trips) and one run's whole working set
+    every earlier region's kept values are live and so is region ``i``'s whole working set
     (``working[i]``: what it would keep un-checkpointed); at the turn from the forward to
     the backward pass every region's kept values are live. The peak is the largest of
-    those sums. So what the last run keeps costs nothing beyond its working set: its
+    those sums. So what the last region keeps costs nothing beyond its working set: its
     backward follows its forward at once.
 
     Args:
       kept: each region's kept bytes.
-      working: each region's working set (one run's kept bytes un-checkpointed).
-      leads: each region's :attr:`RegionOption.lead` (None: all 0).
+      working: each region's working set (its kept bytes un-checkpointed).
 
     Returns:
-      ``max(max_i(sum(kept[:i]) + leads[i] + working[i]), sum(kept))``.
+      ``max(max_i(sum(kept[:i]) + working[i]), sum(kept))``.
 
     Example:
       >>> peak([1, 1, 1], [4, 4, 4])
       6.0
-      >>> peak([6], [4], [5])   # one region scanned six times, keeping 1 a trip
-      9.0
     """
     cum, top = 0.0, 0.0
-    for k, w, lead in zip(kept, working, leads or [0.0] * len(kept)):
-        top = max(top, cum + lead + w)
+    for k, w in zip(kept, working):
+        top = max(top, cum + w)
         cum += k
     return max(top, cum)
 
@@ -107,9 +100,10 @@ def fastest_within(options: Sequence[Sequence[RegionOption]], working: Sequence[
     for choices, w in zip(options, working):
         grown = []
         for (cum, ms, choice), high in zip(states, top):
+            if cum + w > limit:
+                continue
             for j, o in enumerate(choices):
-                if cum + o.lead + w <= limit:
-                    grown.append((cum + o.kept, ms + o.ms, choice + (j,), max(high, cum + o.lead + w)))
+                grown.append((cum + o.kept, ms + o.ms, choice + (j,), max(high, cum + w)))
         # the Pareto front in (kept so far, time so far); the peak so far is at most the
         # limit for every state left, so it needs no third dimension
         grown.sort(key=lambda s: (s[0], s[1]))
@@ -146,9 +140,9 @@ def front_within(options: Sequence[Sequence[RegionOption]], working: Sequence[fl
     """
     states: list[_State] = [(0.0, 0.0, 0.0, ())]
     for choices, w in zip(options, working):
-        grown = [(cum + o.kept, ms + o.ms, max(high, cum + o.lead + w), choice + (j,))
-                 for cum, ms, high, choice in states
-                 for j, o in enumerate(choices) if cum + o.lead + w <= limit]
+        grown = [(cum + o.kept, ms + o.ms, max(high, cum + w), choice + (j,))
+                 for cum, ms, high, choice in states if cum + w <= limit
+                 for j, o in enumerate(choices)]
         states = _undominated(grown)
         if not states:
             return []

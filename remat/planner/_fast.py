@@ -71,12 +71,11 @@ class RegionModel:
         (and the last region's option, see :func:`remat.planner._assign.peak`), so the
         others are put in one order: the leanest first.
         """
-        opts = self.options[0]
-        if len(set(self.options)) == 1 and len(set(self.working)) == 1 and len(choice) > 2 \
-                and not any(o.lead for o in opts):
+        if len(set(self.options)) == 1 and len(set(self.working)) == 1 and len(choice) > 2:
+            opts = self.options[0]
             choice = (*sorted(choice[:-1], key=lambda j: (opts[j].kept, j)), choice[-1])
-        chosen = [self.options[i][j] for i, j in enumerate(choice)]
-        top = peak([o.kept for o in chosen], self.working, [o.lead for o in chosen])
+        kept = [self.options[i][j].kept for i, j in enumerate(choice)]
+        top = peak(kept, self.working)
         ms = sum(self.options[i][j].ms for i, j in enumerate(choice))
         return Assignment(choice, top, ms + self.fault_ms(top))
 
@@ -128,24 +127,14 @@ def region_model(costs: RegionCosts, rates: Rates, none: PlanCandidate | None = 
     base = ((none.predicted_ms or 0.0) - fault_ms(none.compiled_temp_bytes(), rates)) / n if none is not None else 0.0
     # a region in a scanned body runs once per trip, one option for all: the stacked
     # residuals of every trip are kept, and every trip recomputes; while its last trip
-    # runs, one trip's working set is live beside what the trips before it keep
-    options = tuple(tuple(RegionOption(float(k * costs.runs(i)), base + t * costs.runs(i),
-                                       float(k * costs.runs(i) - _last_trip_kept(costs, i, j)))
-                          for j, (t, k) in enumerate(zip(ms, kept)))
+    # runs, one trip's working set is live beside them
+    options = tuple(tuple(RegionOption(float(k * costs.runs(i)), base + t * costs.runs(i)) for t, k in zip(ms, kept))
                     for i, (ms, kept) in enumerate(zip(costs.ms, costs.kept)))
     working = tuple(float(kept[0]) for kept in costs.kept)
     model = RegionModel(tuple(costs.options), options, working, 1.0, rates=rates)
     if none is None:
         return model
     return dataclasses.replace(model, scale=none.compiled_temp_bytes() / max(model.assignment((0,) * n).peak, 1.0))
-
-
-def _last_trip_kept(costs: RegionCosts, i: int, j: int) -> int:
-    """What region ``i``'s last run keeps under option ``j``: a split's last part's option."""
-    option = costs.options[j]
-    if isinstance(option, Segments):
-        j = costs.options.index(option.parts[-1][1])
-    return costs.kept[i][j]
 
 
 @dataclasses.dataclass
@@ -324,37 +313,15 @@ def _budget_rounds(state: FastSearch, fastest: list[Assignment]) -> None:
         state.pending, state.picks, best = _scaled_pick(state.search, scaled, state.bound, state.picks,
                                                         state.pending)
     _walk_down(state)
-    _climb(state)
+    line = state.model.fitted(state.points)  # through every compiled point
+    climbed = _climbed(line, state.limit, state.finalists) if line is not state.model else None
+    if climbed is not None:
+        state.compile([climbed], line)
+        state.collect()
     _supersede(state, scaled, [*fastest, *([best] if best is not None else [])])
     if not state.fits():
         state.compile(_lean_pair(state.model))
         state.collect()
-
-
-def _climb(state: FastSearch) -> None:
-    """Compiles the climb's pick (:func:`_climbed`) of the line through the compiled points
-    nearest the limit (:func:`_nearest`), while there is one, at most :data:`ROUNDS` times:
-    each compile is one more point, so a pick that missed the limit moves the line, and
-    one that fit raises the bar."""
-    for _ in range(ROUNDS):
-        line = state.model.fitted(_nearest(state.points, state.limit))
-        climbed = _climbed(line, state.limit, state.finalists) if line is not state.model else None
-        if climbed is None:
-            return
-        state.compile([climbed], line)
-        state.collect()
-
-
-def _nearest(points: list[tuple[float, float]], limit: float) -> list[tuple[float, float]]:
-    """The two compiled ``(predicted peak, temp bytes)`` points, of different peaks, whose
-    temp bytes are nearest ``limit``: XLA's temp bytes bend away from one line through
-    them all (an un-checkpointed scan's buffers grow faster than its residuals), and the
-    climb looks for what fits near the limit."""
-    near: list[tuple[float, float]] = []
-    for p in sorted(points, key=lambda p: abs(p[1] - limit)):
-        if all(p[0] != q[0] for q in near):
-            near.append(p)
-    return near[:2]
 
 
 def _walk_down(state: FastSearch) -> None:
