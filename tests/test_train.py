@@ -174,14 +174,28 @@ BAD = [
      ["global count", "multiple of 2"]),
     (["mlp", "--resume"], ["--resume needs --save-dir"]),
     (["mlp", "--save-dir", _under_a_file], ["not writable"]),
+    (["mlp", "--resume", "--save-dir", _garbage_dir], ["no save to resume from", "notes.txt"]),
     # the task is built before the save is read: the sizes of mlp_run, whose compiled initial state is kept
-    (["mlp", "--resume", "--save-dir", _garbage_dir, "--depth", "1", "--width", "16"],
-     ["no save to resume from", "notes.txt"]),
     (["mlp", "--resume", "--save-dir", _damaged_dir, "--depth", "1", "--width", "16"], ["damaged", "delete"]),
     (["seed-model", "--depth", "3"], ["do not apply"]),
     (["cnn", "--depth", "5"], ["at most 3 blocks"]),
     (["transformer", "--width", "30"], ["not divisible"]),
 ]
+
+
+def test_a_save_dir_without_saves_or_with_saves_is_refused_before_the_model_is_built(capsys, tmp_path, monkeypatch):
+    import remat.cli._train_loop as loop
+
+    def unbuilt(*args, **kwargs):
+        raise AssertionError("the task was built before the save directory was checked")
+
+    monkeypatch.setattr(loop, "build_task", unbuilt)
+    assert main(["train", "mlp", "--resume", "--save-dir", _garbage_dir(tmp_path)]) == 2
+    assert "no save to resume from" in capsys.readouterr().err
+    (tmp_path / "run" / "4" / "state").mkdir(parents=True)  # a finished save's step directory
+    assert main(["train", "mlp", "--save-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "already holds saves (last at step 4)" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("argv,fragments", BAD, ids=[" ".join(a if isinstance(a, str) else a.__name__ for a in b[0])

@@ -30,6 +30,22 @@ def check_save_dir(args: Any) -> None:
     if args.resume and not os.path.isdir(args.save_dir):
         raise UsageError(f"--resume: {args.save_dir!r} does not exist; run without --resume to start a new run there")
     check_writable(args.save_dir, "--save-dir")
+    if os.path.isdir(args.save_dir):  # what the saves' own check finds after the build, found before it
+        saved = sorted(int(name) for name in os.listdir(args.save_dir)
+                       if name.isdigit() and os.path.isdir(os.path.join(args.save_dir, name)))
+        _check_saves_present(args, saved)
+
+
+def _check_saves_present(args: Any, saved: list[int]) -> None:
+    """A ``--resume`` needs a save in ``--save-dir``; a new run needs none there."""
+    if args.resume and not saved:
+        found = sorted(os.listdir(args.save_dir))
+        listing = f" (found {', '.join(found[:5])}{', ...' if len(found) > 5 else ''})" if found else ""
+        raise UsageError(f"--resume: {args.save_dir!r} holds no save to resume from{listing}; "
+                         "run without --resume to start a new run there")
+    if not args.resume and saved:
+        raise UsageError(f"--save-dir {args.save_dir!r} already holds saves (last at step {saved[-1]}); "
+                         "pass --resume to continue that run, or choose an empty directory")
 
 
 def check_writable(directory: str, what: str) -> None:
@@ -76,12 +92,8 @@ def open_saves(args: Any, state: Any, identity: dict[str, Any], sharding: Any) -
     existing = saver.steps()
     losses: list[float] = []
     resumed_from = None
+    _check_saves_present(args, existing)
     if args.resume:
-        if not existing:
-            found = sorted(os.listdir(args.save_dir))
-            listing = f" (found {', '.join(found[:5])}{', ...' if len(found) > 5 else ''})" if found else ""
-            raise UsageError(f"--resume: {args.save_dir!r} holds no save to resume from{listing}; "
-                             "run without --resume to start a new run there")
         step = existing[-1]
         meta, path, what = saver.restore_meta(step)
         template, treedef = jax.tree.flatten(state)
@@ -102,9 +114,6 @@ def open_saves(args: Any, state: Any, identity: dict[str, Any], sharding: Any) -
         state = jax.tree.unflatten(treedef, [_from_saveable(r, t) for r, t in zip(restored, template)])
         losses = [float(v) for v in meta["losses"]]
         resumed_from = step
-    elif existing:
-        raise UsageError(f"--save-dir {args.save_dir!r} already holds saves (last at step {existing[-1]}); "
-                         "pass --resume to continue that run, or choose an empty directory")
     if resumed_from is not None and resumed_from > args.steps:
         raise UsageError(f"--resume: the save is at step {resumed_from}, past --steps {args.steps}; "
                          f"pass --steps {resumed_from} or more")
