@@ -292,9 +292,15 @@ def test_importing_memory_is_light():
     assert out.stdout.strip() == "[]"
 
 
-def test_compare_policies_factory_and_keyword_forms(tmp_path):
-    ps, x = _mlp_params(2), jnp.ones((8, 32))
-    table = compare_policies(_mlp_factory, ps, x, policies=("no_checkpoint", "nothing", "dots"), steps=2)
+@pytest.fixture(scope="module")
+def policy_table():
+    """Three policies of the 2-block MLP compared once (three compiles); the plotting test only reads it."""
+    return compare_policies(_mlp_factory, _mlp_params(2), jnp.ones((8, 32)),
+                            policies=("no_checkpoint", "nothing", "dots"), steps=2)
+
+
+def test_compare_policies_factory_and_keyword_forms(tmp_path, policy_table):
+    ps, x, table = _mlp_params(2), jnp.ones((8, 32)), policy_table
     assert [r.policy for r in table] == ["no_checkpoint", "nothing", "dots"]
     assert all(len(r.step_times_s) == 2 and r.step_time_s > 0 for r in table)
     assert table["nothing"].residual_bytes < table["dots"].residual_bytes < table["no_checkpoint"].residual_bytes
@@ -385,15 +391,13 @@ def test_profile_cli_json_and_errors(capsys, tmp_path):
     assert "often" in capsys.readouterr().err
 
 
-def test_plotting_leaves_the_host_programs_matplotlib_backend_alone(tmp_path):
+def test_plotting_leaves_the_host_programs_matplotlib_backend_alone(tmp_path, policy_table):
     import matplotlib
 
     before = matplotlib.get_backend()
     matplotlib.use("svg")  # the host program's choice, which matplotlib.use("Agg") in remat once replaced
     try:
-        ps, x = _mlp_params(2), jnp.ones((8, 32))
-        table = compare_policies(_mlp_factory, ps, x, policies=("nothing",), steps=1)
-        table.plot(tmp_path / "p.png")
+        policy_table.plot(tmp_path / "p.png")
         assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
         assert matplotlib.get_backend() == "svg"
     finally:

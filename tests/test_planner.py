@@ -243,7 +243,18 @@ def test_plan_weighs_binomial_scan_schedules():
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
 
 
+def test_budget_zero_is_the_leanest_plan_and_whole_step_keeps_only_inputs_on_two_blocks():
+    _budget_zero_is_the_leanest_plan_and_whole_step_keeps_only_inputs(WS[:2])
+
+
+# slow: test_budget_zero_is_the_leanest_plan_and_whole_step_keeps_only_inputs_on_two_blocks runs the same
+# search on two of the four blocks
+@pytest.mark.slow
 def test_budget_zero_is_the_leanest_plan_and_whole_step_keeps_only_inputs():
+    _budget_zero_is_the_leanest_plan_and_whole_step_keeps_only_inputs(WS)
+
+
+def _budget_zero_is_the_leanest_plan_and_whole_step_keeps_only_inputs(WS):
     p = plan(loss, WS, X, memory_budget=0, measure=False, policies=("nothing",), budget_fractions=(), exhaustive=True)
     by = {c.label: c for c in p.candidates}
     nothing, none = by["all: nothing"], by["no checkpoint"]
