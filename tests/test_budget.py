@@ -160,8 +160,11 @@ def _float0(x):  # an integer value inside the region: its cotangent is float0
     return jnp.sin(x) * n.astype(jnp.float32), n
 
 
+# "every name" run eagerly (each policy's region compiled primitive by primitive) slow:
+# test_every_named_policy_accepts_every_residual_dtype_in_one_program takes the same names through
+# the same partial evaluation in one compiled program, and the "budget" cases here run eagerly
 @pytest.mark.parametrize("fn", [_key_noise, _key_residual, _int4_and_bool, _float0])
-@pytest.mark.parametrize("policy", ["every name", "budget"])
+@pytest.mark.parametrize("policy", [pytest.param("every name", marks=pytest.mark.slow), "budget"])
 def test_every_policy_accepts_every_residual_dtype(fn, policy):
     from remat._names import POLICY_NAMES
 
@@ -172,6 +175,23 @@ def test_every_policy_accepts_every_residual_dtype(fn, policy):
         remat.residual_budget(f) for f in (0.0, 0.5, 1.0)]
     for p in chosen:
         got = jax.grad(loss(lambda x, p=p: remat.checkpoint(fn, x, policy=p)))(x)
+        np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=str(p))
+
+
+@pytest.mark.parametrize("fn", [_key_noise, _key_residual, _int4_and_bool, _float0])
+def test_every_named_policy_accepts_every_residual_dtype_in_one_program(fn):
+    from remat._names import POLICY_NAMES
+
+    x = jnp.linspace(0.1, 1.0, 4)
+    loss = lambda f: lambda x: jax.tree.leaves(f(x))[0].sum()  # noqa: E731
+    want = jax.jit(jax.grad(loss(fn)))(x)
+    chosen = list(POLICY_NAMES) + [["a"]]
+
+    @jax.jit
+    def every(x):  # each policy's gradient, all in one program (one compile, not one per primitive)
+        return [jax.grad(loss(lambda x, p=p: remat.checkpoint(fn, x, policy=p)))(x) for p in chosen]
+
+    for p, got in zip(chosen, every(x), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=str(p))
 
 
