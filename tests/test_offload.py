@@ -1,5 +1,6 @@
 """Host offload as a per-region option: offered only where host memory is separate (GPU, TPU)."""
 import dataclasses
+import functools
 import types
 
 import jax
@@ -33,6 +34,12 @@ def plain_loss(ws, x):
 WS = [jnp.stack([jnp.eye(D) * 0.3 + 0.01 * i] * 2) for i in range(L)]
 X = jnp.linspace(-1, 1, B * D).reshape(B, D)
 NOTE = NO_HOST_OFFLOAD.format(platform="cpu")
+
+
+@functools.cache
+def _plain_grads():
+    """The un-checkpointed blocks' gradients, compiled once for the tests that compare with them."""
+    return jax.jit(jax.grad(plain_loss))(WS, X)
 
 
 def fake_device(platform, kinds):
@@ -77,7 +84,7 @@ def test_an_offloaded_step_lowers_on_cpu_with_the_unchecked_gradients():
     assert [r.nbytes for r in on_host] == [B * D * 4] * L
     # ...and on CPU JAX lowers the move to host as nothing, so the step compiles and runs
     got = jax.jit(jax.grad(offloaded))(WS, X)
-    want = jax.jit(jax.grad(plain_loss))(WS, X)
+    want = _plain_grads()
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
@@ -120,6 +127,6 @@ def test_with_host_memory_the_planner_weighs_offload_and_a_plan_keeps_it(monkeyp
     loaded = Plan.load(tmp_path / "plan.json")
     assert loaded.chosen.policies == policies
     got = jax.jit(jax.grad(loaded.apply(loss)))(WS, X)
-    want = jax.jit(jax.grad(plain_loss))(WS, X)
+    want = _plain_grads()
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

@@ -3,6 +3,8 @@
 costed as many times as the scan runs; the plan fits and keeps the gradients."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +24,16 @@ def _block(w, h):
     return h + jnp.tanh(h @ w["w1"]) @ w["w2"]
 
 
+# drawn once, in one compiled program: drawn eagerly, each random primitive compiles on its own
+@functools.cache
+@jax.jit
+def _lax_arrays():
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+    params = {"w1": jax.random.normal(k1, (DEPTH, WIDTH, 4 * WIDTH)) / WIDTH ** 0.5,
+              "w2": jax.random.normal(k2, (DEPTH, 4 * WIDTH, WIDTH)) / (4 * WIDTH) ** 0.5}
+    return params, jax.random.normal(k3, (BATCH, WIDTH))
+
+
 def _lax_step():
     def loss(params, x):
         def body(h, w):
@@ -29,10 +41,7 @@ def _lax_step():
         h, _ = jax.lax.scan(body, x, params)
         return jnp.mean(h ** 2)
 
-    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
-    params = {"w1": jax.random.normal(k1, (DEPTH, WIDTH, 4 * WIDTH)) / WIDTH ** 0.5,
-              "w2": jax.random.normal(k2, (DEPTH, 4 * WIDTH, WIDTH)) / (4 * WIDTH) ** 0.5}
-    return loss, params, jax.random.normal(k3, (BATCH, WIDTH))
+    return (loss, *_lax_arrays())
 
 
 class Block(nnx.Module):
