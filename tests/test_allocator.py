@@ -58,16 +58,39 @@ def test_the_temp_buffer_is_no_longer_faulted_in_every_step():
     assert statistics.median(kept["faults"][20:]) <= 0.01 * pages, kept
 
 
-def test_after_jax_started_it_warns_how_to_call_it():
-    program = ("import warnings, jax.numpy as jnp, remat\n"
-               "jnp.ones(1).block_until_ready()\n"
-               "with warnings.catch_warnings(record=True) as w:\n"
-               "    warnings.simplefilter('always')\n"
-               "    print(remat.keep_freed_memory(), [str(x.message) for x in w])\n")
-    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+# One fresh interpreter for the two checks below (each pays JAX's import): the settings are
+# process-wide, so they are made there, not in the test process. malloc_mode and trim_heap run
+# first, before JAX starts; then JAX starts and keep_freed_memory() is called after it.
+_FRESH = textwrap.dedent("""
+    import json, warnings
+    from remat.analysis import allocator as a
+    modes = [a.malloc_mode('measure'), a.malloc_mode('time'), a.trim_heap(), a.glibc() is a._glibc()]
+    try:
+        a.malloc_mode('fast')
+        error = None
+    except ValueError as e:
+        error = str(e)
+    import jax.numpy as jnp, remat
+    jnp.ones(1).block_until_ready()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        kept = remat.keep_freed_memory()
+    print(json.dumps({"modes": modes, "error": error, "kept": kept, "warnings": [str(x.message) for x in w]}))
+""")
+
+
+@pytest.fixture(scope="module")
+def fresh_interpreter() -> dict:
+    out = subprocess.run([sys.executable, "-c", _FRESH], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.startswith("True ['keep_freed_memory() after JAX started"), out.stdout
-    assert "call it before the first JAX computation" in out.stdout
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_after_jax_started_it_warns_how_to_call_it(fresh_interpreter):
+    assert fresh_interpreter["kept"] is True
+    messages = fresh_interpreter["warnings"]
+    assert messages and messages[0].startswith("keep_freed_memory() after JAX started"), messages
+    assert "call it before the first JAX computation" in messages[0]
 
 
 @pytest.mark.parametrize("command", [["plan", "mlp", "--budget", "0.5"], ["train", "mlp"], ["profile", "mlp"]])
@@ -85,17 +108,9 @@ def test_the_commands_take_keep_freed_memory(command, monkeypatch):
 
 
 
-def test_malloc_mode_and_trim_heap_go_through_the_one_glibc_handle():
-    # in a fresh interpreter: the settings are process-wide
-    program = ("from remat.analysis import allocator as a\n"
-               "print(a.malloc_mode('measure'), a.malloc_mode('time'), a.trim_heap(), a.glibc() is a._glibc())\n"
-               "try:\n"
-               "    a.malloc_mode('fast')\n"
-               "except ValueError as e:\n"
-               "    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.splitlines() == ["True True True True", "mode must be 'measure' or 'time', got 'fast'"]
+def test_malloc_mode_and_trim_heap_go_through_the_one_glibc_handle(fresh_interpreter):
+    assert fresh_interpreter["modes"] == [True, True, True, True]
+    assert fresh_interpreter["error"] == "mode must be 'measure' or 'time', got 'fast'"
 
 
 _PROBE = textwrap.dedent("""
