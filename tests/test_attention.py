@@ -210,10 +210,10 @@ def _check_dropout():
 
 def test_dropout_keeps_the_expected_value():
     q, k, v, _ = _draw(CASES["plain"] | {"q": (1, 1, 64, 4), "k": (1, 1, 64, 4), "v": (1, 1, 64, 4)}, jnp.float32)
-    # compiled: eager, the batched loops' operations each compile alone
-    outs = jax.jit(jax.vmap(lambda key: ops.scaled_dot_product_attention(q, k, v, dropout_p=0.5, dropout_rng=key,
-                                                                         chunk=16)))(
-        jax.random.split(jax.random.key(0), 400))
+    # compiled, the keys' split included (eager, the batched loops' operations and the split each
+    # compile alone); 2 x 2 tiles of 32 (4 x 4 tiles of 16 unroll into twice the compile)
+    outs = jax.jit(lambda key: jax.vmap(lambda key: ops.scaled_dot_product_attention(
+        q, k, v, dropout_p=0.5, dropout_rng=key, chunk=32))(jax.random.split(key, 400)))(jax.random.key(0))
     np.testing.assert_allclose(outs.mean(0), jax.jit(_reference)(q, k, v), atol=0.1)
 
 
