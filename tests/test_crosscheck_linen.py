@@ -46,7 +46,8 @@ def _convnet():
         tm.bn.running_var.copy_(torch.rand(4) + 0.5)
         tm.bn.weight.copy_(torch.rand(4) + 0.5)
     net = ConvNet()
-    variables = net.init(jax.random.key(0), jnp.zeros((1, 6, 6, 2)))
+    # compiled: eager, each of the init's operations compiles alone (load_torch_state replaces the values)
+    variables = jax.jit(net.init)(jax.random.key(0), jnp.zeros((1, 6, 6, 2)))
     return net, variables, tm
 
 
@@ -64,7 +65,7 @@ def test_load_fills_a_new_linen_variables_dict():
     np.testing.assert_array_equal(new["params"]["fc"]["kernel"], tm.fc.weight.detach().numpy().T)
     np.testing.assert_array_equal(new["batch_stats"]["bn"]["var"], tm.bn.running_var.numpy())
     x = RNG.standard_normal((2, 2, 6, 6)).astype(np.float32)
-    out = net.apply(new, jnp.asarray(x.transpose(0, 2, 3, 1)), train=False)
+    out = jax.jit(lambda v, x: net.apply(v, x, train=False))(new, jnp.asarray(x.transpose(0, 2, 3, 1)))  # one program
     np.testing.assert_allclose(np.asarray(out), tm.eval()(torch.from_numpy(x)).detach().numpy(), rtol=0, atol=1e-6)
     assert torch_names(as_nnx((net, new)))["bn.running_mean"] == "batch_stats/bn/mean"
 
@@ -113,7 +114,7 @@ def test_linen_auto_names_with_rename_train_like_torch():
     torch.manual_seed(1)
     tm = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
     net = MLP()
-    variables = net.init(jax.random.key(0), jnp.zeros((1, 4)))
+    variables = jax.jit(net.init)(jax.random.key(0), jnp.zeros((1, 4)))  # one program, not one per operation
 
     def rename(name):
         index, leaf = name.split(".")
