@@ -47,7 +47,7 @@ def _convnet():
         tm.bn.weight.copy_(torch.rand(4) + 0.5)
     net = ConvNet()
     # compiled: eager, each of the init's operations compiles alone (load_torch_state replaces the values)
-    variables = jax.jit(net.init)(jax.random.key(0), jnp.zeros((1, 6, 6, 2)))
+    variables = jax.jit(lambda x: net.init(jax.random.key(0), x))(np.zeros((1, 6, 6, 2), np.float32))
     return net, variables, tm
 
 
@@ -114,7 +114,8 @@ def test_linen_auto_names_with_rename_train_like_torch():
     torch.manual_seed(1)
     tm = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
     net = MLP()
-    variables = jax.jit(net.init)(jax.random.key(0), jnp.zeros((1, 4)))  # one program, not one per operation
+    # one program, the key included, not one per operation
+    variables = jax.jit(lambda x: net.init(jax.random.key(0), x))(np.zeros((1, 4), np.float32))
 
     def rename(name):
         index, leaf = name.split(".")
