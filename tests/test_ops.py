@@ -21,8 +21,9 @@ def _ln_reference(x, scale, bias):
 
 
 def _data(shape=(3, 5, 16), seed=0, dtype=jnp.float32):
-    # drawn by NumPy: jax.random's threefry compiles for each shape and dtype (seconds of CPU)
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
+    # drawn and cast by NumPy, put on the device as it is: jax.random's threefry and jnp.asarray's
+    # cast each compile a program for each shape and dtype
+    return jax.device_put(np.random.default_rng(seed).standard_normal(shape).astype(dtype))
 
 
 MASK = jnp.tril(jnp.ones((5, 16), bool))
