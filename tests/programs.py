@@ -53,6 +53,24 @@ def tagged_loss(ws, x):
     return (x**2).mean()
 
 
+# --- scanned steps the planner plans: a stack of two-matrix layers (test_planner_scanned,
+# test_planner_schedules) ---------------------------------------------------------------------
+
+@functools.cache
+def stacked_layers(names: tuple[str, str], depth: int, width: int, batch: int) -> tuple[dict, jax.Array]:
+    """``(params, x)``: ``depth`` layers of a ``width -> 4 * width`` and a ``4 * width -> width``
+    matrix, stacked, under ``names``, and a ``(batch, width)`` input; drawn once, in one
+    compiled program (drawn eagerly, each random primitive compiles on its own)."""
+    @jax.jit
+    def draw() -> tuple[dict, jax.Array]:
+        k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+        params = {names[0]: jax.random.normal(k1, (depth, width, 4 * width)) / width ** 0.5,
+                  names[1]: jax.random.normal(k2, (depth, 4 * width, width)) / (4 * width) ** 0.5}
+        return params, jax.random.normal(k3, (batch, width))
+
+    return draw()
+
+
 # --- remat.scan: stacked layers against the unrolled loop (test_scan, test_scan_schedules) ---
 
 def assert_trees_close(a, b, rtol=1e-5):

@@ -3,13 +3,12 @@
 costed as many times as the scan runs; the plan fits and keeps the gradients."""
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from programs import stacked_layers
 
 import remat
 from remat.analysis.machine import current_rates
@@ -24,14 +23,8 @@ def _block(w, h):
     return h + jnp.tanh(h @ w["w1"]) @ w["w2"]
 
 
-# drawn once, in one compiled program: drawn eagerly, each random primitive compiles on its own
-@functools.cache
-@jax.jit
 def _lax_arrays():
-    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
-    params = {"w1": jax.random.normal(k1, (DEPTH, WIDTH, 4 * WIDTH)) / WIDTH ** 0.5,
-              "w2": jax.random.normal(k2, (DEPTH, 4 * WIDTH, WIDTH)) / (4 * WIDTH) ** 0.5}
-    return params, jax.random.normal(k3, (BATCH, WIDTH))
+    return stacked_layers(("w1", "w2"), DEPTH, WIDTH, BATCH)
 
 
 def _lax_step():

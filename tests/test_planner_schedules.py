@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from programs import stacked_layers
 
 import remat
 from remat.planner._schedules import schedule_bytes
@@ -26,20 +27,24 @@ def _loss(params, x):
     return jnp.mean(remat.scan_layers(_layer, params, x) ** 2)
 
 
-# built once, in one compiled program: drawn eagerly, each random primitive compiles on its own
-@functools.cache
-@jax.jit
 def _step():
-    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
-    params = {"up": jax.random.normal(k1, (DEPTH, WIDTH, 4 * WIDTH)) / WIDTH ** 0.5,
-              "down": jax.random.normal(k2, (DEPTH, 4 * WIDTH, WIDTH)) / (4 * WIDTH) ** 0.5}
-    return params, jax.random.normal(k3, (BATCH, WIDTH))
+    return stacked_layers(("up", "down"), DEPTH, WIDTH, BATCH)
 
 
 @functools.cache
 def _unchecked_grads():
     """The stack's gradients with the scan un-checkpointed, compiled once for the tests below."""
     return jax.jit(jax.grad(apply_policies(_loss, (), scan=(NO_CHECKPOINT, None))))(*_step())
+
+
+def _assert_the_default_search_weighed_every_schedule(p):
+    """Every policy and schedule weighed, the compile-everything families not, few compiles."""
+    labels = {c.label for c in p.candidates}
+    for policy in ("nothing", "dots"):
+        assert {f"scan: {policy}, flat", f"scan: {policy}, 4 groups",
+                f"scan: {policy}, binomial(levels=1) {binomial_schedule(DEPTH, 1)}"} <= labels
+    assert "as written" not in labels and not any(label.startswith("whole step") for label in labels)
+    assert sum(c.compiled is not None for c in p.candidates) <= 4
 
 
 @pytest.mark.parametrize("schedule", [8, (2, 2, 2, 2), (4, 3, 1), ((3, 2, 1), (2, 1), 1)], ids=str)
@@ -56,13 +61,7 @@ def test_the_byte_model_is_the_schedules_peak_where_a_layer_keeps_its_input(sche
 def test_the_default_search_plans_a_scan_layers_stack(budget):
     params, x = _step()
     p = remat.plan(_loss, params, x, memory_budget=budget, measure=False)
-    labels = {c.label for c in p.candidates}
-    # every policy and schedule weighed, the compile-everything families not
-    for policy in ("nothing", "dots"):
-        assert {f"scan: {policy}, flat", f"scan: {policy}, 4 groups",
-                f"scan: {policy}, binomial(levels=1) {binomial_schedule(DEPTH, 1)}"} <= labels
-    assert "as written" not in labels and not any(label.startswith("whole step") for label in labels)
-    assert sum(c.compiled is not None for c in p.candidates) <= 4
+    _assert_the_default_search_weighed_every_schedule(p)
     chosen = p.chosen
     assert p.feasible and chosen is not None and chosen.scan is not None and chosen.temp_bytes is not None
     assert chosen.temp_bytes <= p.limit_bytes
@@ -139,13 +138,7 @@ def test_the_default_search_splits_a_scan_layers_stack_and_saves_the_split(tmp_p
     params, x = _step()
     # at 0.8 the fastest fitting option keeps the last layer un-checkpointed: a split
     p = remat.plan(_loss, params, x, memory_budget=0.8, measure=False)
-    labels = {c.label for c in p.candidates}
-    # every policy and schedule weighed, the compile-everything families not
-    for policy in ("nothing", "dots"):
-        assert {f"scan: {policy}, flat", f"scan: {policy}, 4 groups",
-                f"scan: {policy}, binomial(levels=1) {binomial_schedule(DEPTH, 1)}"} <= labels
-    assert "as written" not in labels and not any(label.startswith("whole step") for label in labels)
-    assert sum(c.compiled is not None for c in p.candidates) <= 4
+    _assert_the_default_search_weighed_every_schedule(p)
     assert p.chosen is not None and p.chosen.scan is not None and p.chosen.temp_bytes <= p.limit_bytes
     split, groups = p.chosen.scan
     assert isinstance(split, Segments) and groups is None, p.chosen.label
