@@ -25,6 +25,21 @@ from typing import Any
 # that the child processes the tests start (CLI runs, fuzz workers, isolated tests) inherit it.
 os.environ.setdefault("JAX_DEFAULT_PRNG_IMPL", "rbg")
 
+#: XLA's own defaults for the CPU backend, for a test whose subject is the default compile
+#: (``jax.jit(f, compiler_options=DEFAULT_COMPILE)`` or ``lowered.compile(DEFAULT_COMPILE)``).
+DEFAULT_COMPILE = {"xla_backend_optimization_level": 3, "xla_llvm_disable_expensive_passes": False}
+
+# The tests compile with XLA:CPU's backend optimisations off (LLVM at -O0, its expensive passes
+# skipped): compiling dominates the tests' small programs, and this takes about a fifth off the
+# default run. remat works on jaxprs and HLO, which these flags do not touch, nor XLA's buffer
+# assignment, so every memory figure is the same (test_planner_assign compares the two
+# compiles). An XLA_FLAGS that sets the level itself wins: CI runs the slow cases and the remat3
+# run at XLA's default (.ci/run). Set before jax is imported, for the child processes too.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = " ".join(
+        [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0",
+         "--xla_llvm_disable_expensive_passes=true"]).strip()
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -34,9 +34,6 @@ import remat
 from remat.analysis import compiled_memory
 
 WIDTH, DEPTH, BATCH = 16, 4, 8
-# XLA's backend optimisations off where both sides of a comparison share one program: the
-# compile dominates these tiny models (as the fuzz suite's workers do); memory tests keep the default
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
 @functools.cache
@@ -71,8 +68,7 @@ def _regions(model: nnx.Module, x: jax.Array, method: str = "__call__") -> int:
 def _grads_together(*pairs):
     """``jax.grad`` of each ``(loss, args)`` pair, all in one compiled program (one compile,
     not one per side: the checkpointed loss and its plain reference are compared)."""
-    grads = jax.jit(lambda args: [jax.grad(loss)(*a) for (loss, _), a in zip(pairs, args)],
-                    compiler_options=FAST_COMPILE)
+    grads = jax.jit(lambda args: [jax.grad(loss)(*a) for (loss, _), a in zip(pairs, args)])
     return grads([a for _, a in pairs])
 
 
@@ -233,7 +229,7 @@ def _linen_loss(model: nn.Module, deterministic: bool = False):
 @pytest.mark.parametrize("depth", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_linen_gradients_equal_names_kept_and_one_region_per_block(depth):
     model, x = LinenMixer(width=WIDTH, depth=depth), _x()
-    params = jax.jit(model.init, compiler_options=FAST_COMPILE)(jax.random.key(0), x)
+    params = jax.jit(model.init)(jax.random.key(0), x)
     checkpointed = remat.apply_checkpointing(model, LinenBlock)
     assert type(checkpointed).__name__ == "LinenMixer" and checkpointed.width == model.width
     assert jax.tree.structure(jax.eval_shape(checkpointed.init, jax.random.key(0), x)) == jax.tree.structure(params)
@@ -263,7 +259,7 @@ def test_linen_class_every_and_paths():
 def test_linen_attention_from_flax():
     attention = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=16)
     x = jnp.asarray(np.ones((2, 5, 16)) * np.arange(16) / 16, jnp.float32)
-    params = jax.jit(attention.init, compiler_options=FAST_COMPILE)(jax.random.key(0), x)
+    params = jax.jit(attention.init)(jax.random.key(0), x)
     checkpointed = remat.apply_checkpointing(attention, nn.DenseGeneral, policy="dots")
 
     def loss(module):

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import DEFAULT_COMPILE
 from jax.test_util import check_grads
 
 from remat import checkpoint, ops
@@ -27,10 +28,6 @@ def _reference(q, k, v, mask=None, causal=False, gqa=False):
 
 _rng = np.random.default_rng(0)
 
-#: XLA's backend optimisations off, for the programs whose values are compared (about half the
-#: compile); the bfloat16 test (rounding inside fusions), the compiled-temp test and the PyTorch
-#: comparison keep the default compile
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 CASES = {
     "plain": dict(q=(2, 3, 10, 4), k=(2, 3, 10, 4), v=(2, 3, 10, 5), chunk=4),
@@ -112,9 +109,9 @@ def _check_values_and_gradients(case, dtype):
     wrt = (0, 1, 2, 3) if mask is not None and mask.dtype != bool else (0, 1, 2)
     out_shape = (*q.shape[:-1], v.shape[-1])
     cotangent = _host(_rng.normal(size=out_shape), dtype)
-    out, got = _value_and_pullback(tiled, wrt, FAST_COMPILE)(cotangent, q, k, v, mask)
+    out, got = _value_and_pullback(tiled, wrt)(cotangent, q, k, v, mask)
     # the reference compiled too: run eagerly, its dozens of primitives each compile alone
-    expected, want = _value_and_pullback(whole, wrt, FAST_COMPILE)(cotangent, q, k, v, mask)
+    expected, want = _value_and_pullback(whole, wrt)(cotangent, q, k, v, mask)
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5 if dtype == jnp.float32 else 1e-12)
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype
@@ -126,8 +123,7 @@ def test_a_query_no_key_may_attend_to_gets_zeros_and_zero_gradients():
     q, k, v = (_host(np.ones((1, 4, 3)), jnp.float32) for _ in range(3))  # made by NumPy: no eager compiles
     mask = _host(np.array([[True] * 5, [False] * 5, [True] * 5, [False] * 5])[None, :, :4])
     # the output and the gradient of its sum, one compiled program (eager, each operation compiles alone)
-    out, (dq,) = _value_and_pullback(lambda q: ops.scaled_dot_product_attention(q, k, v, mask, chunk=2), (0,),
-                                     FAST_COMPILE)(
+    out, (dq,) = _value_and_pullback(lambda q: ops.scaled_dot_product_attention(q, k, v, mask, chunk=2), (0,))(
         _host(np.ones((1, 4, 3)), jnp.float32), q)
     np.testing.assert_array_equal(np.asarray(out)[0, 1], 0.0)  # indexed by NumPy: no eager compiles
     np.testing.assert_array_equal(np.asarray(dq)[0, 3], 0.0)
@@ -138,13 +134,14 @@ def test_bfloat16_stays_within_one_rounding_of_the_float32_result():
     q, k, v, _ = _draw(case, jnp.float32)
     tiled, whole = _both(case)
     low = [_host(a, jnp.bfloat16) for a in (q, k, v)]
-    # the output and the gradient of its float32 sum (a cotangent of ones), one compiled program
-    out, grads = _value_and_pullback(lambda *a: tiled(*a, None), (0, 1, 2))(_host(np.ones(q.shape), jnp.float32),
-                                                                            *low)
+    # the output and the gradient of its float32 sum (a cotangent of ones), one compiled program;
+    # at XLA's default compile, whose fusions decide where bfloat16 rounds
+    out, grads = _value_and_pullback(lambda *a: tiled(*a, None), (0, 1, 2), DEFAULT_COMPILE)(
+        _host(np.ones(q.shape), jnp.float32), *low)
     assert out.dtype == jnp.bfloat16
     # both references from one program: the whole softmax on the bfloat16 inputs, and its float32 gradient
     reference, exact = jax.jit(lambda *a: (whole(*a, None), jax.grad(lambda *a: whole(*a, None).sum(), (0, 1, 2))(
-        *(x.astype(jnp.float32) for x in a))))(*low)
+        *(x.astype(jnp.float32) for x in a))), compiler_options=DEFAULT_COMPILE)(*low)
     # compared in NumPy (in jnp, each eager operation compiles alone)
     np.testing.assert_allclose(np.asarray(out, np.float32), reference, atol=2e-2, rtol=2e-2)
     for g, w in zip(grads, exact, strict=True):
@@ -191,8 +188,8 @@ def test_composes_with_checkpoint_and_scan(policy):
         return jax.lax.scan(body, x, None, length=3)[0].sum()
 
     # the plain scan of the whole softmax: a cheaper program to compile than the tiles' plain scan
-    want = jax.jit(jax.grad(lambda x: stack(x, lambda x, _: layer(x, _, whole))), compiler_options=FAST_COMPILE)(q)
-    got = jax.jit(jax.grad(lambda x: stack(x, checkpoint(layer, policy=policy))), compiler_options=FAST_COMPILE)(q)
+    want = jax.jit(jax.grad(lambda x: stack(x, lambda x, _: layer(x, _, whole))))(q)
+    got = jax.jit(jax.grad(lambda x: stack(x, checkpoint(layer, policy=policy))))(q)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -200,8 +197,8 @@ def test_composes_with_vmap():
     q, k, _, _ = _draw(CASES["gqa causal"], jnp.float32)
     per_batch = jax.vmap(lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, is_causal=True, chunk=4))
     qs, ks, vs = (_host(np.asarray(a).reshape(-1, *a.shape[-2:])[:3]) for a in (q, k, k))  # sliced by NumPy
-    causal_reference = jax.jit(lambda q, k, v: _reference(q, k, v, causal=True), compiler_options=FAST_COMPILE)
-    np.testing.assert_allclose(jax.jit(per_batch, compiler_options=FAST_COMPILE)(qs, ks, vs),
+    causal_reference = jax.jit(lambda q, k, v: _reference(q, k, v, causal=True))
+    np.testing.assert_allclose(jax.jit(per_batch)(qs, ks, vs),
                                causal_reference(qs, ks, vs), rtol=1e-5, atol=1e-6)
 
 

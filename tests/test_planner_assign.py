@@ -5,6 +5,7 @@ import random
 
 import jax.numpy as jnp
 import pytest
+from conftest import DEFAULT_COMPILE
 from programs import WS, X, loss
 
 from remat.analysis.machine import UNCALIBRATED, current_rates
@@ -195,7 +196,7 @@ def test_a_memory_only_compile_has_the_full_compiles_hlo_and_temp_bytes(model, e
     uniform = [("nothing",) * n, ("dots",) * n] if every else []
     for policies in [(NONE,) * n, *uniform, ("nothing", "dots_no_batch", NONE)[:n]]:
         lowered = lower_step(apply_policies(step, policies), args)
-        full, lean = lowered.compile(), lowered.compile(MEMORY_ONLY)
+        full, lean = lowered.compile(DEFAULT_COMPILE), lowered.compile(MEMORY_ONLY)
         assert CompiledMemory.from_compiled(lean) == CompiledMemory.from_compiled(full)
         assert program_fingerprint(lean) == program_fingerprint(full)
 

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import DEFAULT_COMPILE
 from programs import stacked_layers
 
 import remat
@@ -123,8 +124,10 @@ def test_a_scan_layers_stack_split_in_two_scans_has_the_unsplit_gradients_bitwis
 
     params, x = _step()
     split = Segments.of(((3, "nothing"), (5, "dots")))
-    g = jax.jit(jax.grad(apply_policies(_loss, (), scan=(split, None))))(params, x)
-    g0 = _unchecked_grads()
+    # bitwise at XLA's default compile; with LLVM's optimisations off (the tests' default,
+    # conftest.py) the split and the whole scan round differently, by about 4e-8
+    g, g0 = (jax.jit(jax.grad(apply_policies(_loss, (), scan=(s, None))), compiler_options=DEFAULT_COMPILE)(params, x)
+             for s in (split, NO_CHECKPOINT))
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g0), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     with pytest.raises(PlanMismatch) as raised:

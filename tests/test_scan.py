@@ -29,10 +29,6 @@ from remat.scan import (
     stack_nnx_layers,
 )
 
-# XLA's backend optimisations off where a test compares two sides of one program (the compile
-# dominates these tiny layers); the memory tests keep the default
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-
 POLICIES = [
     pytest.param("no_checkpoint", id="no_checkpoint"),
     pytest.param(None, id="None"),
@@ -215,7 +211,7 @@ def test_linen_gradients_equal_unrolled(policy, nesting):
     Block = _linen_block()
     model = LinenScanLayers(Block, depth=4, layer_kwargs={"features": 8}, policy=policy, **nesting)
     x = jax.random.normal(jax.random.PRNGKey(3), (3, 8))
-    variables = jax.jit(model.init, compiler_options=FAST_COMPILE)(jax.random.PRNGKey(0), x)  # not scanned eagerly
+    variables = jax.jit(model.init)(jax.random.PRNGKey(0), x)  # not scanned eagerly
     top = "groups" if nesting else "layers"
     kernel = variables["params"][top]["layers"]["Dense_0"]["kernel"] if nesting else \
         variables["params"]["layers"]["Dense_0"]["kernel"]
@@ -236,8 +232,7 @@ def test_linen_gradients_equal_unrolled(policy, nesting):
 
     # One jit for both sides: eager scans would compile every piece separately (slow).
     (value, g), (ref_value, ref_g) = jax.jit(lambda p, flat, x: (
-        jax.value_and_grad(loss)(p, x), jax.value_and_grad(ref_loss)(flat, x)),
-        compiler_options=FAST_COMPILE)(variables["params"], flat_layers, x)
+        jax.value_and_grad(loss)(p, x), jax.value_and_grad(ref_loss)(flat, x)))(variables["params"], flat_layers, x)
     np.testing.assert_allclose(value, ref_value, rtol=1e-5)
     g_layers = g[top]["layers"] if nesting else g["layers"]
     g_layers = jax.tree.map(lambda a: a.reshape(4, *a.shape[2:]) if nesting else a, g_layers)

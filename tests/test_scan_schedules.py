@@ -33,10 +33,6 @@ from remat.scan import (
 )
 from remat.scan.schedules import _capacity
 
-# XLA's backend optimisations off where a test compares two sides of one program (the compile
-# dominates these tiny layers); the memory tests keep the default
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-
 SCHEDULES_8 = [
     pytest.param({"segments": (8,)}, id="(8,)", marks=pytest.mark.slow),
     pytest.param({"segments": (5, 2, 1)}, id="(5,2,1)", marks=pytest.mark.slow),
@@ -160,8 +156,7 @@ def test_schedule_gradients_equal_unrolled(policy, nesting):
     params, x = stacked(8), jax.random.normal(jax.random.PRNGKey(1), (3, 8))
     loss = lambda p, x: jnp.sum(jnp.sin(scan_layers(layer, p, x, policy=policy, **nesting)))  # noqa: E731
     ref_loss = lambda p, x: jnp.sum(jnp.sin(unrolled(p, x)))  # noqa: E731
-    both = jax.jit(lambda p, x: (jax.value_and_grad(loss, (0, 1))(p, x), jax.value_and_grad(ref_loss, (0, 1))(p, x)),
-                   compiler_options=FAST_COMPILE)
+    both = jax.jit(lambda p, x: (jax.value_and_grad(loss, (0, 1))(p, x), jax.value_and_grad(ref_loss, (0, 1))(p, x)))
     (value, grads), (ref_value, ref_grads) = both(params, x)
     np.testing.assert_allclose(value, ref_value, rtol=1e-5)
     assert_trees_close(grads, ref_grads)
@@ -211,14 +206,14 @@ def test_planner_override_may_return_a_schedule():
 
     loss = lambda p: jnp.sum(jnp.sin(scan_layers(layer, p, x, levels=1)))  # noqa: E731
     with deciding(scan=override):
-        g = jax.jit(jax.grad(loss), compiler_options=FAST_COMPILE)(params)  # traced here, under the override
+        g = jax.jit(jax.grad(loss))(params)  # traced here, under the override
     assert seen == [(8, (4, 3, 1))]  # the caller's levels=1 schedule goes to the planner
     with deciding(scan=lambda d, p, gr: (p, (4, 3))), pytest.raises(ValueError) as e:
         jax.grad(loss)(params)
     assert_clean_error(e, "the planner's schedule (4, 3) covers 7 layers but params have depth 8")
     with deciding(scan=lambda d, p, gr: (p, 3)), pytest.raises(ValueError, match="not divisible by segments=3"):
         jax.grad(loss)(params)
-    ref = jax.jit(jax.grad(lambda p: jnp.sum(jnp.sin(unrolled(p, x)))), compiler_options=FAST_COMPILE)
+    ref = jax.jit(jax.grad(lambda p: jnp.sum(jnp.sin(unrolled(p, x)))))
     assert_trees_close(g, ref(params))
 
 
@@ -338,7 +333,7 @@ def test_nnx_batch_stats_written_back_in_layer_order(segments):
         a, b = nnx.merge(graphdef, state)
         return (nnx.value_and_grad(scanned)(a, x), nnx.value_and_grad(loop)(b, x)), nnx.state((a, b))
 
-    ((v, g), (rv, rg)), state = jax.jit(both, compiler_options=FAST_COMPILE)(state, x)
+    ((v, g), (rv, rg)), state = jax.jit(both)(state, x)
     nnx.update((layers, ref_layers), state)
     np.testing.assert_allclose(v, rv, rtol=1e-5)
     assert_trees_close(g, rg)
