@@ -426,3 +426,26 @@ def test_hf_profile_sorts_both_frameworks_ops_into_the_same_kinds():
                            "data movement": 0.5, "other": 0.25}
     table = hf_profile.markdown(torch, xla)
     assert "| matrix products | 8 | 12 | 1.50 |" in table and "| total | 12 | 20 | 1.74 |" in table
+
+
+def test_dot_backends_table_is_the_median_over_rounds_against_torch():
+    from benchmarks import dot_backends
+
+    shapes = {"up": (4, 3, 5)}
+    runs = {"xla: YNNPACK (default)": [{"ms": {"up": t}, "ynnpack": True} for t in (3.0, 1.0, 2.0)],
+            "torch: aten::mm": [{"ms": {"up": t}} for t in (4.0, 8.0, 5.0)]}
+    rows = dot_backends.table(runs, shapes).splitlines()
+    assert rows[2] == "| xla: YNNPACK (default) | yes | 2.0 (0.40) |"
+    assert rows[3] == "| torch: aten::mm | - | 5.0 (1.00) |"
+
+
+@pytest.mark.slow
+def test_dot_backends_quick_round_selects_each_backend(capsys):
+    from benchmarks import dot_backends
+
+    assert dot_backends.main(["--quick", "--rounds", "1", "--calls", "1", "--results", ""]) == 0
+    # the table's rows after its header (the separator row starts "|---")
+    rows = [line.strip("| ").split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    assert {row[0]: row[1] for row in rows} == {
+        "xla: YNNPACK (default)": "yes", "xla: oneDNN": "no", "xla: own emitter": "no", "torch: aten::mm": "-"}
+    assert all(float(cell.split()[0]) > 0 for row in rows for cell in row[2:])
