@@ -49,9 +49,10 @@ def test_segment_bounds_examples():
 
 # --- plain functions ------------------------------------------------------------------------
 
-KEY = jax.random.key(0)
-WS = [jax.random.normal(jax.random.fold_in(KEY, i), (4, 4)) * 0.5 for i in range(6)]
-X = jax.random.normal(jax.random.key(1), (3, 4))
+# drawn with NumPy: jax.random, eager, compiles a program per shape
+_RNG = np.random.default_rng(0)
+WS = [jax.device_put((_RNG.standard_normal((4, 4)) * 0.5).astype(np.float32)) for _ in range(6)]
+X = jax.device_put(np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32))
 
 
 def _layer(w):
@@ -123,11 +124,24 @@ def test_use_reentrant_and_options():
 
 # --- NNX ----------------------------------------------------------------------------------
 
+def _np_init(rng):
+    """An nnx.Linear kernel or bias initializer drawing with NumPy (jax.random, eager, compiles
+    a program per shape); the kernel scaled as LeCun's."""
+    def init(key, shape, dtype=jnp.float32):
+        return jax.device_put((rng.standard_normal(shape) / np.sqrt(shape[0])).astype(dtype))
+
+    return init
+
+
+def _linear(i, o, rngs, rng):
+    return nnx.Linear(i, o, rngs=rngs, kernel_init=_np_init(rng), bias_init=_np_init(rng))
+
+
 def _nnx_seq(seed=0):
-    rngs = nnx.Rngs(seed)
+    rngs, rng = nnx.Rngs(seed), np.random.default_rng(seed)
     return nnx.Sequential(
-        nnx.Linear(4, 8, rngs=rngs), jnp.tanh, nnx.Linear(8, 8, rngs=rngs), nnx.relu,
-        nnx.Linear(8, 4, rngs=rngs), jnp.sin,
+        _linear(4, 8, rngs, rng), jnp.tanh, _linear(8, 8, rngs, rng), nnx.relu,
+        _linear(8, 4, rngs, rng), jnp.sin,
     )
 
 
@@ -142,14 +156,15 @@ def test_nnx_sequential(segments):
         return jnp.sum(model(x) ** 2)
 
     model = _nnx_seq()
-    g0 = nnx.jit(nnx.grad(loss_plain))(model, X)
-    gj = nnx.jit(nnx.grad(loss), static_argnums=2)(model, X, segments)
+    # the plain gradient, the checkpointed one and that of the layers as a plain list of NNX
+    # modules and functions: one program
+    g0, gj, g_list = nnx.jit(lambda m, x: (
+        nnx.grad(loss_plain)(m, x), nnx.grad(loss)(m, x, segments),
+        nnx.grad(lambda m, x: jnp.sum(checkpoint_sequential(list(m.layers), segments, x) ** 2))(m, x)))(model, X)
     assert_trees_close(gj, g0)
+    assert_trees_close(g_list, g0)
     if segments == 3:  # eager too (slow: op by op), once
         assert_trees_close(nnx.grad(loss)(model, X, segments), g0)
-    # layers as a plain list of NNX modules and functions
-    g_list = nnx.jit(nnx.grad(lambda m, x: jnp.sum(checkpoint_sequential(list(m.layers), segments, x) ** 2)))(model, X)
-    assert_trees_close(g_list, g0)
 
     graphdef, state = nnx.split(model)
     f = lambda st: loss(nnx.merge(graphdef, st), X, segments)  # noqa: E731
@@ -161,16 +176,17 @@ def test_nnx_sequential(segments):
 
 def test_nnx_sequential_with_dropout_and_batchnorm():
     def make():
-        rngs = nnx.Rngs(0, dropout=1)
+        rngs, rng = nnx.Rngs(0, dropout=1), np.random.default_rng(0)
         return nnx.Sequential(
-            nnx.Linear(4, 8, rngs=rngs), nnx.BatchNorm(8, rngs=rngs), nnx.relu,
-            nnx.Dropout(0.3, rngs=rngs), nnx.Linear(8, 4, rngs=rngs),
+            _linear(4, 8, rngs, rng), nnx.BatchNorm(8, rngs=rngs), nnx.relu,
+            nnx.Dropout(0.3, rngs=rngs), _linear(8, 4, rngs, rng),
         )
 
-    x = jax.random.normal(jax.random.key(5), (6, 4))
+    x = jax.device_put(np.random.default_rng(5).standard_normal((6, 4)).astype(np.float32))
     m0, m1 = make(), make()
-    g0 = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x) ** 2)))(m0)
-    g1 = nnx.jit(nnx.grad(lambda m: jnp.sum(checkpoint_sequential(m, 3, x) ** 2)))(m1)
+    g0, g1 = nnx.jit(lambda m0, m1: (  # one program for both sides
+        nnx.grad(lambda m: jnp.sum(m(x) ** 2))(m0),
+        nnx.grad(lambda m: jnp.sum(checkpoint_sequential(m, 3, x) ** 2))(m1)))(m0, m1)
     assert_trees_close(g1, g0)
     assert_trees_close(nnx.state(m1, nnx.BatchStat), nnx.state(m0, nnx.BatchStat))
     assert_trees_close(nnx.state(m1, nnx.RngState), nnx.state(m0, nnx.RngState))
@@ -178,12 +194,19 @@ def test_nnx_sequential_with_dropout_and_batchnorm():
 
 # --- Linen --------------------------------------------------------------------------------
 
+def _dense(features):
+    """nn.Dense with a kernel drawn by NumPy from its shape (jax.random, eager, compiles a program
+    per shape)."""
+    return nn.Dense(features, kernel_init=lambda key, shape, dtype=jnp.float32: jax.device_put(
+        (np.random.default_rng(shape).standard_normal(shape) / np.sqrt(shape[0])).astype(dtype)))
+
+
 class LinenSeq(nn.Module):
     segments: int
     checkpointed: bool = True
 
     def setup(self):
-        self.seq = nn.Sequential([nn.Dense(8), nn.tanh, nn.Dense(8), nn.relu, nn.Dense(4)])
+        self.seq = nn.Sequential([_dense(8), nn.tanh, _dense(8), nn.relu, _dense(4)])
 
     def __call__(self, x):
         if self.checkpointed:
@@ -196,7 +219,7 @@ class LinenList(nn.Module):
     checkpointed: bool = True
 
     def setup(self):
-        self.layers = [nn.Dense(8), nn.Dense(8), nn.Dense(4)]
+        self.layers = [_dense(8), _dense(8), _dense(4)]
 
     def __call__(self, x):
         if self.checkpointed:
@@ -215,20 +238,23 @@ class LinenList(nn.Module):
 ])
 def test_linen_sequential(cls, n, counts):
     params = cls(1, checkpointed=False).init(jax.random.key(0), X)
-    assert jax.tree.structure(cls(2).init(jax.random.key(0), X)) == jax.tree.structure(params)
+    assert jax.tree.structure(jax.eval_shape(cls(2).init, jax.random.key(0), X)) == jax.tree.structure(params)
 
     def loss(p, s, ck=True):
         return jnp.sum(cls(s, checkpointed=ck).apply(p, X) ** 2)
 
-    g0 = jax.grad(loss)(params, 1, False)
-    value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=(1, 2))
+    # the plain value and gradient, every jitted segment count and the gradient at n: one program
+    jitted = [s for s in counts if s != 2]
+    v0, g0, together, g_n = jax.jit(lambda p: (
+        loss(p, 1, False), jax.grad(loss)(p, 1, False),
+        {s: jax.value_and_grad(loss)(p, s) for s in jitted}, jax.grad(loss)(p, n)))(params)
     for s in counts:
-        v, g = value_and_grad(params, s) if s != 2 else jax.value_and_grad(loss)(params, s)  # eager once
-        assert_trees_close(v, loss(params, 1, False))
+        v, g = together[s] if s != 2 else jax.value_and_grad(loss)(params, s)  # eager once
+        assert_trees_close(v, v0)
         assert_trees_close(g, g0)
         assert remat_count(lambda p, s=s: jax.grad(loss)(p, s), params) >= s - 1
         assert remat_count(lambda p, s=s: loss(p, s), params) == s - 1
-    assert_trees_close(jax.jit(jax.grad(loss), static_argnums=1)(params, n), g0)
+    assert_trees_close(g_n, g0)
 
 
 # --- bad input ----------------------------------------------------------------------------
@@ -326,7 +352,8 @@ def test_pytorch_parity(segments, use_reentrant):
     linears = [m for m in model if isinstance(m, torch.nn.Linear)]
 
     # the same weights as plain jnp functions ...
-    params = [(jnp.asarray(m.weight.detach().numpy()), jnp.asarray(m.bias.detach().numpy())) for m in linears]
+    np_params = [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in linears]
+    params = jax.device_put(np_params)
 
     def functions(ps):
         fs = []
@@ -339,30 +366,29 @@ def test_pytorch_parity(segments, use_reentrant):
     def loss(ps, x):
         return jnp.sum(checkpoint_sequential(functions(ps), segments, x, use_reentrant=use_reentrant) ** 2)
 
-    out_j = checkpoint_sequential(functions(params), segments, jnp.asarray(x_np))
-    np.testing.assert_allclose(out_j, out_t.detach().numpy(), rtol=1e-5, atol=1e-5)
-    gp, gx = jax.grad(loss, argnums=(0, 1))(params, jnp.asarray(x_np))
-    np.testing.assert_allclose(gx, xt.grad.numpy(), rtol=1e-4, atol=1e-5)
-    for (gw, gb), m in zip(gp, linears, strict=True):
-        np.testing.assert_allclose(gw, m.weight.grad.numpy(), rtol=1e-4, atol=1e-5)
-        np.testing.assert_allclose(gb, m.bias.grad.numpy(), rtol=1e-4, atol=1e-5)
-
     # ... and as an nnx.Sequential of nnx.Linear
     rngs = nnx.Rngs(0)
     layers = []
-    for i, ((w, b), (a, o)) in enumerate(zip(params, zip(sizes[:-1], sizes[1:]), strict=True)):
-        lin = nnx.Linear(a, o, rngs=rngs)
-        lin.kernel[...] = w.T
-        lin.bias[...] = b
-        layers.append(lin)
-        if i < len(params) - 1:
+    for i, ((w, b), (a, o)) in enumerate(zip(np_params, zip(sizes[:-1], sizes[1:]), strict=True)):
+        layers.append(nnx.Linear(a, o, rngs=rngs, kernel_init=lambda *_, w=w: jax.device_put(w.T.copy()),
+                                 bias_init=lambda *_, b=b: jax.device_put(b)))
+        if i < len(np_params) - 1:
             layers.append(jnp.tanh)
     seq = nnx.Sequential(*layers)
 
     def nnx_loss(m, x):
         return jnp.sum(checkpoint_sequential(m, segments, x, use_reentrant=use_reentrant) ** 2)
 
-    grads, gx2 = nnx.grad(nnx_loss, argnums=(0, 1))(seq, jnp.asarray(x_np))
+    # the forward pass and both gradients: one program
+    out_j, (gp, gx), (grads, gx2) = nnx.jit(lambda seq, ps, x: (
+        checkpoint_sequential(functions(ps), segments, x), jax.grad(loss, argnums=(0, 1))(ps, x),
+        nnx.grad(nnx_loss, argnums=(0, 1))(seq, x)))(seq, params, jax.device_put(x_np))
+    np.testing.assert_allclose(out_j, out_t.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gx, xt.grad.numpy(), rtol=1e-4, atol=1e-5)
+    for (gw, gb), m in zip(gp, linears, strict=True):
+        np.testing.assert_allclose(gw, m.weight.grad.numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(gb, m.bias.grad.numpy(), rtol=1e-4, atol=1e-5)
+
     np.testing.assert_allclose(gx2, xt.grad.numpy(), rtol=1e-4, atol=1e-5)
     for j, m in enumerate(linears):
         g = grads["layers"][2 * j]
