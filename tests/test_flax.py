@@ -113,7 +113,7 @@ def test_nnx_forms_gradients_dropout_and_batch_stats(form):
 
 
 # slow (op by op); eager checkpoints in the fast suite: test_nnx_rngs_passed_as_argument,
-# test_nnx_nested_checkpoints, test_nnx_partial_of_bound_method
+# test_nnx_nested_checkpoints, test_nnx_vmap_over_checkpointed_module
 @pytest.mark.slow
 @pytest.mark.parametrize("form", ["method", "closure"])
 def test_nnx_forms_eager(form):
@@ -290,7 +290,8 @@ RNGS = {"dropout": jax.random.key(2)}
 
 @pytest.fixture(scope="module")
 def linen_params():
-    return jax.jit(LinenBlock().init)({"params": jax.random.key(0), "dropout": jax.random.key(1)}, X)
+    # eager: its kernels' shapes are those of NNXBlock, whose initializer programs this reuses
+    return LinenBlock().init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, X)
 
 
 def _linen_loss(form, **kw):
@@ -305,7 +306,7 @@ def _linen_loss(form, **kw):
                                   for f in LINEN_FORMS])
 def test_linen_forms(form, linen_params):
     # same parameter tree
-    p1 = jax.jit(LinenBlock(form).init)({"params": jax.random.key(0), "dropout": jax.random.key(1)}, X)
+    p1 = LinenBlock(form).init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, X)
     assert_trees_close(p1, linen_params)
     f0, f1 = _linen_loss(None), _linen_loss(form)
     # one program for both sides (eager, op by op: test_linen_forms_eager)
@@ -326,7 +327,7 @@ def test_linen_forms(form, linen_params):
 
 
 # slow (op by op); eager Linen checkpoints in the fast suite: test_linen_module_as_first_argument,
-# test_linen_partial_of_bound_method, test_linen_dropout_is_active
+# test_linen_partial_of_bound_method, test_linen_class_gradients_and_remat
 @pytest.mark.slow
 @pytest.mark.parametrize("form", LINEN_FORMS)
 def test_linen_forms_eager(form, linen_params):
@@ -338,9 +339,10 @@ def test_linen_forms_eager(form, linen_params):
 
 def test_linen_dropout_is_active(linen_params):
     f = _linen_loss("method")
-    g = jax.grad(f)(linen_params)
     other_rngs = {"dropout": jax.random.key(9)}
-    other = jax.grad(lambda p: jnp.sum(LinenBlock("method").apply(p, X, True, rngs=other_rngs) ** 2))(linen_params)
+    g, other = jax.jit(lambda p: (  # one program for both
+        jax.grad(f)(p), jax.grad(lambda p: jnp.sum(LinenBlock("method").apply(p, X, True, rngs=other_rngs) ** 2))(p)
+    ))(linen_params)
     assert not np.allclose(g["params"]["fc1"]["kernel"], other["params"]["fc1"]["kernel"])
 
 
@@ -545,8 +547,8 @@ def test_nnx_partial_of_bound_method():
             return checkpoint(f, x) if self.ck else f(x)
 
     m0, m1 = M(nnx.Rngs(0), False), M(nnx.Rngs(0), True)
-    g0 = nnx.grad(lambda m: jnp.sum(m(X) ** 2))(m0)
-    g1 = nnx.grad(lambda m: jnp.sum(m(X) ** 2))(m1)
+    grad = nnx.grad(lambda m: jnp.sum(m(X) ** 2))
+    g0, g1 = nnx.jit(lambda m0, m1: (grad(m0), grad(m1)))(m0, m1)  # one program for both sides
     assert_trees_close(g1, g0)
     assert_trees_close(nnx.state(m1, nnx.BatchStat), nnx.state(m0, nnx.BatchStat))
     gd, params, rest = nnx.split(m1, nnx.Param, ...)
