@@ -32,10 +32,14 @@ def loss(ws, x):
     return (x**2).mean()
 
 
-WS = [jnp.stack([jnp.eye(D) * 0.3 + 0.01 * i] * 2) for i in range(L)]
+# made by NumPy and put on the device: eagerly, each jnp operation compiles a program at import
+WS = [jnp.asarray(np.stack([np.eye(D, dtype=np.float32) * np.float32(0.3) + np.float32(0.01 * i)] * 2))
+      for i in range(L)]
+
+
 def batch_of(rows: int) -> jax.Array:
     """The blocks' input with ``rows`` rows (``X`` has ``B``)."""
-    return jnp.linspace(-1, 1, rows * D).reshape(rows, D)
+    return jnp.asarray(np.linspace(-1, 1, rows * D, dtype=np.float32).reshape(rows, D))
 
 
 X = batch_of(B)

@@ -21,8 +21,9 @@ def block(w, x):
     return jnp.sin(h @ w[2]) + x
 
 
-W = jnp.stack([jnp.eye(32) * 0.5] * 3) + 0.01
-X = jnp.linspace(-1, 1, 16 * 32).reshape(16, 32)
+# made by NumPy and put on the device: eagerly, each jnp operation compiles a program at import
+W = jnp.asarray(np.stack([np.eye(32, dtype=np.float32) * np.float32(0.5)] * 3) + np.float32(0.01))
+X = jnp.asarray(np.linspace(-1, 1, 16 * 32, dtype=np.float32).reshape(16, 32))
 
 
 def kept_bytes(policy):

@@ -31,8 +31,10 @@ def plain_loss(ws, x):
     return (x**2).mean()
 
 
-WS = [jnp.stack([jnp.eye(D) * 0.3 + 0.01 * i] * 2) for i in range(L)]
-X = jnp.linspace(-1, 1, B * D).reshape(B, D)
+# made by NumPy and put on the device: eagerly, each jnp operation compiles a program at import
+WS = [jnp.asarray(np.stack([np.eye(D, dtype=np.float32) * np.float32(0.3) + np.float32(0.01 * i)] * 2))
+      for i in range(L)]
+X = jnp.asarray(np.linspace(-1, 1, B * D, dtype=np.float32).reshape(B, D))
 NOTE = NO_HOST_OFFLOAD.format(platform="cpu")
 
 
