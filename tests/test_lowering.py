@@ -20,6 +20,7 @@ from jax import lax
 
 import remat
 from benchmarks import xla_cpu
+from remat.analysis import compiled_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,22 +114,24 @@ def test_programs_without_remat_regions_lower_identically():
     assert out == {"installed": True, "stablehlo": True, "hlo": True}
 
 
-def _compiled_text(f, *args) -> str:
-    return jax.jit(f).lower(*args).compile().as_text()
+def _compiled(f, *args):
+    return jax.jit(f).lower(*args).compile()
 
 
 def test_backward_recomputation_runs_in_a_conditional():
     def loss(cse):
         return lambda x: remat.checkpoint(lambda h: jnp.sin(jnp.sin(h)), prevent_cse=cse)(x).sum()
 
-    x = jnp.ones(8)
-    assert " conditional(" in _compiled_text(jax.grad(loss(True)), x)
-    assert " conditional(" not in _compiled_text(jax.grad(loss(False)), x)  # prevent_cse=False: JAX's rule
-    assert " conditional(" not in _compiled_text(loss(True), x)  # no backward, no recomputation
+    x = np.ones(8, np.float32)  # NumPy: no eager compiles
+    ours = _compiled(jax.grad(loss(True)), x)
+    assert " conditional(" in ours.as_text()
+    assert " conditional(" not in _compiled(jax.grad(loss(False)), x).as_text()  # prevent_cse=False: JAX's rule
+    assert " conditional(" not in _compiled(loss(True), x).as_text()  # no backward, no recomputation
     # jax.checkpoint in the same process keeps JAX's own lowering
-    plain = jax.grad(lambda x: jax.checkpoint(lambda h: jnp.sin(jnp.sin(h)))(x).sum())
-    assert " conditional(" not in _compiled_text(plain, x)
-    assert jnp.allclose(jax.grad(loss(True))(x), plain(x))
+    plain = _compiled(jax.grad(lambda x: jax.checkpoint(lambda h: jnp.sin(jnp.sin(h)))(x).sum()), x)
+    assert " conditional(" not in plain.as_text()
+    # the programs just compiled, run (eager, each operation would compile alone); compared in NumPy
+    assert np.allclose(ours(x), plain(x))
 
 
 def test_regions_with_ordered_effects_keep_jax_lowering(capfd):
@@ -136,18 +139,21 @@ def test_regions_with_ordered_effects_keep_jax_lowering(capfd):
         jax.debug.print("seen {}", x.sum(), ordered=True)
         return jnp.sin(x)
 
-    g = jax.jit(jax.grad(lambda x: remat.checkpoint(f)(x).sum()))(jnp.ones(3))
-    assert jnp.allclose(g, jnp.cos(1.0))
+    g = jax.jit(jax.grad(lambda x: remat.checkpoint(f)(x).sum()))(np.ones(3, np.float32))
+    assert np.allclose(g, np.cos(np.float32(1.0)))  # in NumPy: no eager compiles
     assert "seen 3.0" in capfd.readouterr().out
 
 
 def test_lowering_under_vmap_and_higher_order_ad():
     f = remat.checkpoint(lambda x: jnp.sin(x) * x)
-    x = jnp.linspace(0.1, 1.0, 4)
-    # the reference compiled too: eagerly each primitive compiles on its own
-    assert jnp.allclose(jax.jit(jax.vmap(jax.grad(f)))(x), jax.jit(jax.vmap(jax.grad(lambda x: jnp.sin(x) * x)))(x))
-    hess = jax.jit(jax.hessian(lambda x: f(x).sum()))(x)
-    assert jnp.allclose(hess, jnp.diag(2 * jnp.cos(x) - x * jnp.sin(x)), atol=1e-6)
+    x = np.linspace(0.1, 1.0, 4, dtype=np.float32)
+    # both sides and the Hessian from one compiled program (eagerly each primitive compiles on its
+    # own), the closed form and the comparisons in NumPy
+    plain = lambda x: jnp.sin(x) * x  # noqa: E731
+    ours, reference, hess = jax.jit(lambda x: (jax.vmap(jax.grad(f))(x), jax.vmap(jax.grad(plain))(x),
+                                               jax.hessian(lambda x: f(x).sum())(x)))(x)
+    assert np.allclose(ours, reference)
+    assert np.allclose(hess, np.diag(2 * np.cos(x) - x * np.sin(x)), atol=1e-6)
 
 
 # the tanh MLP in the default run, the GELU MLP slow (the transformer: the test below)
@@ -155,7 +161,12 @@ def test_lowering_under_vmap_and_higher_order_ad():
 def test_remat_saves_memory_in_unrolled_models(index):
     """docs/design.md's XLA:CPU table: per-block remat.checkpoint saves most of the temp memory."""
     model = xla_cpu.MODELS[index]
-    row = {w: model.temp_bytes(xla_cpu.WRAPS[w]) for w in ("no checkpoint", "remat.checkpoint")}
+    # Model.temp_bytes's compile, on the shapes of its parameters and inputs: the bytes depend on
+    # nothing else, and drawing the weights eagerly compiles a program per shape (the slow
+    # test_transformer_row_of_the_xla_table runs Model.temp_bytes itself)
+    args = jax.eval_shape(lambda: (model.params(), model.inputs()))
+    row = {w: compiled_memory(model.loss(xla_cpu.WRAPS[w]), *args).temp_bytes
+           for w in ("no checkpoint", "remat.checkpoint")}
     assert row["remat.checkpoint"] < 0.3 * row["no checkpoint"], row  # measured 0.17 and 0.28
 
 
@@ -188,12 +199,15 @@ def test_conditional_inside_loops_and_cond():
             "cond": lambda x: lax.cond(x.sum() > 0, f, jnp.cos, x).sum(),
         }
 
-    x = jnp.linspace(0.1, 1.0, 5)
+    x = np.linspace(0.1, 1.0, 5, dtype=np.float32)
     for name, (p_ck, p_plain) in zip(programs(ck), zip(programs(ck).values(), programs(plain).values())):
+        # both sides from one compiled program (eager, each operation compiles alone), compared in NumPy
         if name == "while":  # while_loop is forward-only under reverse mode
-            assert jnp.allclose(jax.jit(p_ck)(x), p_plain(x)), name
+            got, want = jax.jit(lambda x, p_ck=p_ck, p_plain=p_plain: (p_ck(x), p_plain(x)))(x)
+            assert np.allclose(got, want), name
             continue
-        assert jnp.allclose(jax.jit(jax.grad(p_ck))(x), jax.grad(p_plain)(x), atol=1e-6), name
+        got, want = jax.jit(lambda x, p_ck=p_ck, p_plain=p_plain: (jax.grad(p_ck)(x), jax.grad(p_plain)(x)))(x)
+        assert np.allclose(got, want, atol=1e-6), name
 
 
 @pytest.mark.slow  # fast: the import-safety corpus (upstream/test_jax_remat.py), jax.checkpoint in scan and loops
@@ -238,14 +252,17 @@ def test_flax_remat_inside_flax_scans_with_remat_lowering_installed():
 
 
 def _tanh_stack_temp(wrap) -> int:
-    w = jnp.ones((128, 128)) * 0.01
+    w = jax.device_put(np.full((128, 128), 0.01, np.float32))  # made by NumPy: no eager compiles
 
     def loss(x):
         for _ in range(8):
             x = wrap(lambda h: jnp.tanh(jnp.tanh(h @ w) @ w))(x)
         return x.sum()
 
-    return jax.jit(jax.grad(loss)).lower(jnp.ones((256, 128))).compile().memory_analysis().temp_size_in_bytes
+    return jax.jit(jax.grad(loss)).lower(X_128).compile().memory_analysis().temp_size_in_bytes
+
+
+X_128 = jax.ShapeDtypeStruct((256, 128), jnp.float32)  # the bytes depend on the input's shape alone
 
 
 def _nnx_stack_temp(checkpointed: bool) -> int:
@@ -258,7 +275,9 @@ def _nnx_stack_temp(checkpointed: bool) -> int:
         def __call__(self, h):
             return jnp.tanh(self.b(jnp.tanh(self.a(h))))
 
-    blocks = nnx.List([Block(nnx.Rngs(i)) for i in range(8)])
+    # the parameters' shapes: the bytes depend on nothing else, and initialising them eagerly
+    # compiles the initialisers' programs
+    blocks = nnx.eval_shape(lambda: nnx.List([Block(nnx.Rngs(i)) for i in range(8)]))
 
     @nnx.jit
     def grads(blocks, x):
@@ -269,7 +288,7 @@ def _nnx_stack_temp(checkpointed: bool) -> int:
             return h.sum()
         return nnx.grad(loss)(blocks)
 
-    return grads.lower(blocks, jnp.ones((256, 128))).compile().memory_analysis().temp_size_in_bytes
+    return grads.lower(blocks, X_128).compile().memory_analysis().temp_size_in_bytes
 
 
 # remat3 on in the default run where JAX has it; off (JAX's default, whose savings
