@@ -66,17 +66,18 @@ _HAS_GPU = any(d.platform == "gpu" for d in jax.devices())
 
 
 # Inputs and weights are drawn with NumPy: jax.random would compile one XLA program per
-# shape, which on 2 cores costs more than the tests themselves.
+# shape, which on 2 cores costs more than the tests themselves. They are cast by NumPy and put on
+# the device as they are (jnp.asarray compiles its staging and its cast per shape and dtype).
 
 
 def _randn(i, *shape, dtype=jnp.float32):
     """``torch.randn(*shape)``"""
-    return jnp.asarray(np.random.default_rng(i).standard_normal(shape), dtype)
+    return jax.device_put(np.random.default_rng(i).standard_normal(shape).astype(dtype))
 
 
 def _rand(i, *shape, dtype=jnp.float32):
     """``torch.rand(*shape)``"""
-    return jnp.asarray(np.random.default_rng(i).uniform(size=shape), dtype)
+    return jax.device_put(np.random.default_rng(i).uniform(size=shape).astype(dtype))
 
 
 def _np_rng(seed=0):
@@ -91,7 +92,7 @@ def _linear(in_features, out_features, rng, use_bias=True):
     bias = rng.uniform(-bound, bound, (out_features,)).astype(np.float32)
     return nnx.Linear(
         in_features, out_features, use_bias=use_bias, rngs=nnx.Rngs(0),
-        kernel_init=lambda *_: jnp.asarray(kernel), bias_init=lambda *_: jnp.asarray(bias),
+        kernel_init=lambda *_: jax.device_put(kernel), bias_init=lambda *_: jax.device_put(bias),
     )
 
 
