@@ -741,10 +741,11 @@ def test_remat_scan_grad():
     x = jnp.linspace(-1.0, 1.0, 16).reshape(2, 8)
     variables = model(False).init(random.key(0), x)
     loss = lambda v, m: jnp.sum(jnp.tanh(m.apply(v, x)))
-    g_plain = jax.grad(loss)(variables, model(False))
-    g_remat = jax.grad(loss)(variables, model(True))
-    np.testing.assert_allclose(model(True).apply(variables, x), model(False).apply(variables, x),
-                               rtol=1e-6)
+    # both gradients and both outputs in one program (eager, every scan compiled on its own)
+    g_plain, g_remat, y_remat, y_plain = jax.jit(lambda v: (
+        jax.grad(loss)(v, model(False)), jax.grad(loss)(v, model(True)),
+        model(True).apply(v, x), model(False).apply(v, x)))(variables)
+    np.testing.assert_allclose(y_remat, y_plain, rtol=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5), g_plain, g_remat)
 
 
@@ -947,8 +948,8 @@ def test_nnx_batchnorm_train_state_update_under_nnx_grad(how):
         return lambda m, x: jnp.sum(jnp.tanh(f(m, x)) ** 2)
 
     plain_net, ckpt_net = Net(nnx.Rngs(0)), Net(nnx.Rngs(0))
-    g_plain = nnx.grad(loss(lambda m, x: m.block(x)))(plain_net, x)
-    g_ckpt = nnx.grad(loss(call))(ckpt_net, x)
+    g_plain, g_ckpt = nnx.jit(lambda plain_net, ckpt_net: (  # one program for both sides
+        nnx.grad(loss(lambda m, x: m.block(x)))(plain_net, x), nnx.grad(loss(call))(ckpt_net, x)))(plain_net, ckpt_net)
     _assert_tree_close(nnx.state(g_ckpt), nnx.state(g_plain))
     stats_plain = nnx.state(plain_net, nnx.BatchStat)
     stats_ckpt = nnx.state(ckpt_net, nnx.BatchStat)
