@@ -12,8 +12,10 @@ from flax import nnx
 
 import remat
 from benchmarks.scanned_oracle import assignments, scanned_step
+from remat.analysis.machine import UNCALIBRATED
+from remat.planner._costs import RegionCosts
 from remat.planner._segments import Segments, split_note, stack_lengths
-from remat.planner._split_options import pareto_pairs
+from remat.planner._split_options import pareto_pairs, with_splits
 from remat.planner.steering import PlanMismatch, apply_policies, survey
 from remat.policies import NO_CHECKPOINT
 
@@ -175,6 +177,32 @@ def _split_plan():
 
 def test_the_default_search_splits_a_stack_where_no_single_option_fits_as_fast():
     _split_plan()
+
+
+def test_a_one_layer_last_part_of_the_last_region_keeps_only_its_copy():
+    # per trip: (ms, kept) of no checkpoint, nothing, dots; two stacks of six, scanning 2 bytes each
+    costs = RegionCosts(ms=[[0.0, 3.0, 1.0]] * 2, kept=[[10, 1, 4]] * 2, options=[NO_CHECKPOINT, "nothing", "dots"],
+                        trips=[DEPTH, DEPTH])
+    split, _ = with_splits(costs, [DEPTH, DEPTH], [2, 2])
+    kept = {str(o): (split.kept[0][j], split.kept[1][j]) for j, o in enumerate(split.options)}
+    # one layer is no loop: its backward follows its forward at once, so in the last region
+    # it keeps nothing beyond its working set; one copy of the scanned operands (their gradients')
+    assert kept["layers 0-4: dots; 5-5: no_checkpoint"] == (round((5 * 4 + 10 + 2) / 6), round((5 * 4 + 2) / 6))
+    # two loops: two copies, and every layer's kept bytes
+    assert kept["layers 0-2: dots; 3-5: no_checkpoint"] == (round((3 * 4 + 3 * 10 + 4) / 6),) * 2
+
+
+def test_the_default_search_finds_the_faster_split_left_under_the_limit():
+    """At budget 0.5 the oracle's stack fits no option on all layers faster than
+    ``nothing`` (all ``dots`` compiles 1% over); of the splits, five layers of
+    ``dots_no_batch`` and the last one un-checkpointed fits (its last layer, no loop, keeps
+    nothing for later) and recomputes least. The search used to stop at layers 0-2
+    ``nothing``, 0.47 MiB under the limit, the model pricing that split over it."""
+    loss, (params, x) = _scanned_step(DEPTH)
+    p = remat.plan(loss, params, x, memory_budget=0.5, measure=False, rates=UNCALIBRATED)
+    assert p.chosen is not None and p.chosen.temp_bytes is not None and p.chosen.temp_bytes <= p.limit_bytes
+    assert p.chosen.policies == (Segments.of(((DEPTH - 1, "dots_no_batch"), (1, NO_CHECKPOINT))),), p.chosen.label
+    assert sum(c.compiled is not None for c in p.candidates) <= 3
 
 
 @pytest.mark.slow

@@ -12,6 +12,11 @@ from remat.planner._segments import Segments
 #: (``lax.split``'s transpose), beside the pieces. Compiled splits of
 #: ``tests/test_planner_segments.py``'s stacks add between one and two such copies.
 SPLIT_COPIES = 2
+#: The copies a split with a one-layer part makes instead: the gradients' concatenation
+#: alone (one layer is no loop, so its slice is not copied into a stacked buffer of its
+#: own). Compiled 5/1 and 1/5 splits of ``benchmarks.scanned_oracle``'s stack, and of the
+#: same stack with 64 times its weights, add about one such copy (3/3 splits add 1.5).
+ONE_LAYER_COPIES = 1
 
 #: A split option that a region cannot take (its stack is another length, or not
 #: splittable): infinitely slow, so no assignment takes it (as ``_assign`` narrows options).
@@ -49,8 +54,9 @@ def with_splits(costs: RegionCosts, lengths: Sequence[int | str],
     A split's costs per run of the region are the mean of its parts' per-trip costs,
     weighted by their layers (the model multiplies them by the trips again): a segment of
     ``k`` layers keeps ``k`` times a layer's kept bytes and recomputes ``k`` times; the
-    split keeps :data:`SPLIT_COPIES` copies of its scanned operands besides. A region
-    whose stack cannot be split, or is of another length, is not offered it.
+    split keeps copies of its scanned operands besides (:func:`_split_cost`: fewer where a
+    part is one layer, and the last region's last layer, split off, keeps nothing). A
+    region whose stack cannot be split, or is of another length, is not offered it.
 
     Args:
       costs: the regions' costs, per run; ``costs.trips`` says how many runs.
@@ -76,18 +82,28 @@ def with_splits(costs: RegionCosts, lengths: Sequence[int | str],
     ms, kept = [list(row) for row in costs.ms], [list(row) for row in costs.kept]
     for s in splits.values():
         for i, length in enumerate(lengths):
-            cost = _split_cost(costs, i, s, scanned[i]) if length == s.length and costs.runs(i) == length else None
+            cost = _split_cost(costs, i, s, scanned[i], i == len(lengths) - 1) \
+                if length == s.length and costs.runs(i) == length else None
             ms[i].append(NOT_OFFERED_MS if cost is None else cost[0])
             kept[i].append(kept[i][0] if cost is None else cost[1])
     return costs._replace(ms=ms, kept=kept, options=[*options, *splits.values()]), list(splits.values())
 
 
-def _split_cost(costs: RegionCosts, i: int, s: Segments, scanned: int) -> tuple[float, int]:
+def _split_cost(costs: RegionCosts, i: int, s: Segments, scanned: int, last: bool) -> tuple[float, int]:
     """Region ``i``'s per-run ``(ms, kept)`` under split ``s``: its parts' per-trip costs,
-    weighted by their layers, and the copies of the ``scanned`` operands spread over the runs."""
-    ms, kept = 0.0, float(SPLIT_COPIES * scanned)
-    for count, option in s.parts:
+    weighted by their layers, and the copies of the ``scanned`` operands spread over the
+    runs (:data:`ONE_LAYER_COPIES` where a part is one layer, else :data:`SPLIT_COPIES`).
+
+    A one-layer last part of the ``last`` region keeps nothing: one layer is no loop (XLA
+    inlines a loop of one trip), so its backward follows its forward at once and it holds
+    its working set alone, as the last region does (:func:`remat.planner._assign.peak`);
+    in a loop, that layer's kept bytes would be stacked with the others'.
+    """
+    tail = len(s.parts) - 1 if last and s.parts[-1][0] == 1 else None
+    copies = ONE_LAYER_COPIES if any(count == 1 for count, _ in s.parts) else SPLIT_COPIES
+    ms, kept = 0.0, float(copies * scanned)
+    for part, (count, option) in enumerate(s.parts):
         j = costs.options.index(option)
         ms += count * costs.ms[i][j]
-        kept += count * costs.kept[i][j]
+        kept += 0 if part == tail else count * costs.kept[i][j]
     return ms / s.length, round(kept / s.length)
