@@ -36,9 +36,33 @@ from remat.analysis import compiled_memory
 WIDTH, DEPTH, BATCH = 16, 4, 8
 
 
+def _drawn(shapes: Any, seed: int = 0) -> Any:
+    """Arrays of the shapes and dtypes of ``shapes`` (``jax.eval_shape`` of an init, an
+    ``nnx.eval_shape``'d module's state) drawn by NumPy and put on the device as they are: run
+    eagerly, the models' initialisers compile a program for each shape (a second or two at
+    XLA's level 0). Weights scaled as LeCun's initialiser scales them, LayerNorm scales about 1."""
+    rng = np.random.default_rng(seed)
+
+    def draw(path, leaf):
+        a = rng.standard_normal(leaf.shape)
+        if len(leaf.shape) >= 2:
+            a = a / np.sqrt(np.prod(leaf.shape[:-1]))
+        else:
+            a = (1.0 if "scale" in jax.tree_util.keystr(path) else 0.0) + 0.1 * a
+        return jax.device_put(a.astype(leaf.dtype))
+
+    return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+def _built(make, seed: int = 0) -> Any:
+    """``make()``, an NNX module, with its parameters :func:`_drawn` (the same seed, the same values)."""
+    graphdef, state = nnx.split(nnx.eval_shape(make))
+    return nnx.merge(graphdef, _drawn(state, seed))
+
+
 @functools.cache
 def _built_mixer(seed: int, width: int, depth: int) -> Mixer:
-    return Mixer(16, width, depth, 8, rngs=nnx.Rngs(seed))
+    return _built(lambda: Mixer(16, width, depth, 8, rngs=nnx.Rngs(seed)), seed)
 
 
 def _mixer(seed: int = 0, width: int = WIDTH, depth: int = DEPTH) -> Mixer:
@@ -47,7 +71,8 @@ def _mixer(seed: int = 0, width: int = WIDTH, depth: int = DEPTH) -> Mixer:
 
 
 def _x(batch: int = BATCH) -> jax.Array:
-    return jnp.asarray(np.random.default_rng(0).standard_normal((batch, 16)), jnp.float32)
+    # cast by NumPy and put on the device as it is (jnp.asarray's cast compiles a program)
+    return jax.device_put(np.random.default_rng(0).standard_normal((batch, 16)).astype(np.float32))
 
 
 def _pure_loss(model: nnx.Module, method: str = "__call__"):
@@ -163,7 +188,7 @@ def test_nnx_shared_module_and_split_merge():
         def __call__(self, x):
             return self.again(self.block(self.inp(x))).sum(-1)
 
-    model, plain, x = Twice(nnx.Rngs(0)), Twice(nnx.Rngs(0)), _x()
+    model, plain, x = _built(lambda: Twice(nnx.Rngs(0))), _built(lambda: Twice(nnx.Rngs(0))), _x()
     remat.apply_checkpointing(model, MixerBlock)
     assert remat.checkpointed(model) == [(("again",), None)]  # one module, listed once
     assert model.block is model.again and type(model.block) is type(model.again)
@@ -229,10 +254,11 @@ def _linen_loss(model: nn.Module, deterministic: bool = False):
 @pytest.mark.parametrize("depth", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_linen_gradients_equal_names_kept_and_one_region_per_block(depth):
     model, x = LinenMixer(width=WIDTH, depth=depth), _x()
-    params = jax.jit(model.init)(jax.random.key(0), x)
+    params = _drawn(jax.eval_shape(lambda x: model.init(jax.random.key(0), x), x))  # the key traced too
     checkpointed = remat.apply_checkpointing(model, LinenBlock)
     assert type(checkpointed).__name__ == "LinenMixer" and checkpointed.width == model.width
-    assert jax.tree.structure(jax.eval_shape(checkpointed.init, jax.random.key(0), x)) == jax.tree.structure(params)
+    shapes = jax.eval_shape(lambda x: checkpointed.init(jax.random.key(0), x), x)
+    assert jax.tree.structure(shapes) == jax.tree.structure(params)
     assert remat.checkpointed(checkpointed) == [((f"LinenBlock_{i}",), None) for i in range(depth)]
     loss, plain_loss = _linen_loss(checkpointed), _linen_loss(model)
     # dropout on: the recomputation draws the same mask
@@ -258,8 +284,8 @@ def test_linen_class_every_and_paths():
 
 def test_linen_attention_from_flax():
     attention = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=16)
-    x = jnp.asarray(np.ones((2, 5, 16)) * np.arange(16) / 16, jnp.float32)
-    params = jax.jit(attention.init)(jax.random.key(0), x)
+    x = jax.device_put((np.ones((2, 5, 16)) * np.arange(16) / 16).astype(np.float32))
+    params = _drawn(jax.eval_shape(lambda x: attention.init(jax.random.key(0), x), x))
     checkpointed = remat.apply_checkpointing(attention, nn.DenseGeneral, policy="dots")
 
     def loss(module):
@@ -444,7 +470,7 @@ def test_a_module_without_call_is_refused_before_any_change():
             self.holder = Holder(rngs)
             self.block = MixerBlock(WIDTH, rngs=rngs)
 
-    model = Outer(nnx.Rngs(0))
+    model = _built(lambda: Outer(nnx.Rngs(0)))
     with pytest.raises(TypeError) as e:
         remat.apply_checkpointing(model, (Holder, MixerBlock))
     assert_clean_error(e, "Holder defines no method to checkpoint")
@@ -468,7 +494,7 @@ def test_region_paths_name_the_applied_modules_in_trace_order():
     remat.apply_checkpointing(model, MixerBlock, every=2)
     loss, state = _pure_loss(model)
     assert region_paths(loss, state, x) == [("blocks", 0), ("blocks", 2)]
-    hand = HandWrittenMixer(16, WIDTH, DEPTH, 8, rngs=nnx.Rngs(0))
+    hand = _built(lambda: HandWrittenMixer(16, WIDTH, DEPTH, 8, rngs=nnx.Rngs(0)))
     hand_loss, hand_state = _pure_loss(hand)
     assert region_paths(hand_loss, hand_state, x) == [None] * DEPTH  # written by hand: no module path
 
@@ -495,11 +521,11 @@ class _TwoHandInside(nnx.Module):
 def test_region_paths_mark_a_hand_region_inside_an_applied_one_as_written_by_hand():
     from remat.planner import region_paths
 
-    model = remat.apply_checkpointing(_TwoHandInside(nnx.Rngs(0)), lambda path, m: path == ("first",))
+    model = remat.apply_checkpointing(_built(lambda: _TwoHandInside(nnx.Rngs(0))), lambda path, m: path == ("first",))
     loss, state = _pure_loss(model)
     # the applied region, then the hand-written one it calls (not a second region of "first"),
     # then the hand-written region of the unselected second block
-    assert region_paths(loss, state, jnp.ones((2, 4))) == [("first",), None, None]
+    assert region_paths(loss, state, np.ones((2, 4), np.float32)) == [("first",), None, None]
 
 @pytest.mark.slow
 def test_plan_redecides_applied_regions_as_hand_written_ones_and_picks_modules():
