@@ -12,7 +12,6 @@ from programs import (
     assert_scan_matches_unrolled,
     assert_trees_close,
     layer,
-    stacked,
     wide_layer,
     wide_params,
 )
@@ -44,6 +43,16 @@ NESTING = [
 ]
 
 
+def _normal(shape, scale=1.0, seed=0):
+    """A float32 normal draw by NumPy, put on the device as it is (jax.random, run eagerly,
+    compiles a program for each shape it draws)."""
+    return jax.device_put((np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32))
+
+
+def _ones(*shape):
+    return jax.device_put(np.ones(shape, np.float32))  # jnp.ones compiles a program per shape
+
+
 # Each nesting once in the fast suite, with a different policy; the rest of the matrix is slow.
 FAST_PURE = {("flat", "None"), ("nested", "dots"), ("segments2", "names")}
 PURE_CASES = [
@@ -59,16 +68,19 @@ def test_pure_gradients_equal_unrolled(policy, nesting):
 
 
 def test_pytree_carry():
-    params = stacked(3)
+    params = {"w": _normal((3, 8, 8), 0.5), "b": _normal((3, 8), 0.1, seed=1)}
 
     def two(p, h):
         a, b = h
         return layer(p, a), b + jnp.sum(a)
 
-    out = scan_layers(two, params, (jnp.ones((2, 8)), jnp.zeros(())))
-    ref = (jnp.ones((2, 8)), jnp.zeros(()))
-    for i in range(3):
-        ref = two(jax.tree.map(lambda a, i=i: a[i], params), ref)
+    def both(params, carry):  # the scan and the loop in one compiled program (eager, each operation compiles)
+        ref = carry
+        for i in range(3):
+            ref = two(jax.tree.map(lambda a, i=i: a[i], params), ref)
+        return scan_layers(two, params, carry), ref
+
+    out, ref = jax.jit(both)(params, (_ones(2, 8), jax.device_put(np.float32(0))))
     assert_trees_close(out, ref)
 
 
@@ -77,29 +89,38 @@ def test_best_segments():
 
 
 def test_bad_inputs_are_clear_value_errors():
-    params = {"w": jnp.ones((4, 8, 8)), "b": jnp.ones((3, 8))}
+    # arrays made by NumPy (jnp.ones and jax.random compile a program per shape)
+    params = {"w": _ones(4, 8, 8), "b": _ones(3, 8)}
+    x = _ones(2, 8)
     with pytest.raises(ValueError, match=r"different leading \(layer\) axes: 4 \('w'\], 3 \['b'\]|different leading"):
-        scan_layers(layer, params, jnp.ones((2, 8)))
+        scan_layers(layer, params, x)
+    four = {"w": _normal((4, 8, 8), 0.5), "b": _normal((4, 8), 0.1, seed=1)}
     with pytest.raises(ValueError, match=r"depth 4 is not divisible by segments=3; use one of \[1, 2, 4\]"):
-        scan_layers(layer, stacked(4), jnp.ones((2, 8)), segments=3)
+        scan_layers(layer, four, x, segments=3)
     with pytest.raises(ValueError, match="segments must be a positive int"):
-        scan_layers(layer, stacked(4), jnp.ones((2, 8)), segments=0)
+        scan_layers(layer, four, x, segments=0)
     with pytest.raises(ValueError, match="is a scalar"):
-        scan_layers(layer, {"w": jnp.ones(())}, jnp.ones((2, 8)))
+        scan_layers(layer, {"w": _ones()}, x)
     with pytest.raises(ValueError, match="no arrays"):
-        scan_layers(layer, {}, jnp.ones((2, 8)))
+        scan_layers(layer, {}, x)
     with pytest.raises(ValueError, match="unknown policy"):
-        scan_layers(layer, stacked(2), jnp.ones((2, 8)), policy="sometimes")
+        scan_layers(layer, {"w": _normal((2, 8, 8), 0.5), "b": _normal((2, 8), 0.1, seed=1)}, x, policy="sometimes")
 
 
 # ----------------------------------------------------------------------------- memory
+
+
+def wide_shapes(depth):
+    """The shapes of ``wide_params(depth)``: the compiled bytes depend on nothing else, and
+    drawing the weights eagerly compiles a program per depth."""
+    return jax.eval_shape(lambda: wide_params(depth))
 
 
 @functools.lru_cache(maxsize=None)  # several tests share the same compilations
 def scan_temp(depth, policy="nothing", nested=False):
     kw = {"policy": policy, "nested": nested}
     loss = lambda p, x: jnp.sum(scan_layers(wide_layer, p, x, **kw) ** 2)  # noqa: E731
-    return compiled_memory(loss, wide_params(depth), WIDE_X).temp_bytes
+    return compiled_memory(loss, wide_shapes(depth), WIDE_X).temp_bytes
 
 
 def test_scan_checkpoint_far_below_unrolled_no_checkpoint():
@@ -108,7 +129,7 @@ def test_scan_checkpoint_far_below_unrolled_no_checkpoint():
             x = wide_layer(jax.tree.map(lambda a, i=i: a[i], p), x)
         return jnp.sum(x ** 2)
 
-    unrolled_none = compiled_memory(loss, wide_params(8), WIDE_X).temp_bytes
+    unrolled_none = compiled_memory(loss, wide_shapes(8), WIDE_X).temp_bytes
     scanned = scan_temp(8, policy="nothing")
     # Measured: 7.0 MiB vs 13.2 MiB (0.53); the rest is one layer's backward, a constant.
     assert scanned < 0.6 * unrolled_none, (scanned, unrolled_none)
@@ -163,7 +184,7 @@ def test_nnx_gradients_equal_unrolled(policy, nesting):
     assert layers.lin.kernel[...].shape == (4, 8, 8)
     # Layers are initialised independently.
     assert not np.allclose(layers.lin.kernel[...][0], layers.lin.kernel[...][1])
-    x = jax.random.normal(jax.random.PRNGKey(2), (3, 8))
+    x = _normal((3, 8), seed=2)
 
     scanned = nnx.grad(lambda m, x: jnp.sum(scan_nnx_layers(m, x, policy=policy, **nesting) ** 2))
     unrolled = nnx.grad(lambda m, x: jnp.sum(_nnx_unrolled(m, x, 4) ** 2))
@@ -187,7 +208,7 @@ def test_nnx_non_param_state_is_written_back():
         return Counting(rngs)
 
     layers = stack_nnx_layers(make, 4, 0)
-    y = scan_nnx_layers(layers, jnp.ones((2, 8)), segments=2)
+    y = scan_nnx_layers(layers, _ones(2, 8), segments=2)
     assert y.shape == (2, 8)
     np.testing.assert_array_equal(np.asarray(layers.calls[...]), np.ones(4))
 
@@ -210,14 +231,18 @@ def test_nnx_stack_rejects_bad_depth():
 def test_linen_gradients_equal_unrolled(policy, nesting):
     Block = _linen_block()
     model = LinenScanLayers(Block, depth=4, layer_kwargs={"features": 8}, policy=policy, **nesting)
-    x = jax.random.normal(jax.random.PRNGKey(3), (3, 8))
-    variables = jax.jit(model.init)(jax.random.PRNGKey(0), x)  # not scanned eagerly
+    x = _normal((3, 8), seed=3)
+    # the parameters' shapes from the init, traced; the arrays drawn by NumPy (the init, compiled,
+    # is a program as large as the comparison's)
+    shapes = jax.eval_shape(lambda x: model.init(jax.random.PRNGKey(0), x), x)
+    rng = np.random.default_rng(0)
+    variables = jax.tree.map(lambda s: jax.device_put((rng.standard_normal(s.shape) * 0.5).astype(s.dtype)), shapes)
     top = "groups" if nesting else "layers"
     kernel = variables["params"][top]["layers"]["Dense_0"]["kernel"] if nesting else \
         variables["params"]["layers"]["Dense_0"]["kernel"]
     assert kernel.shape == ((2, 2, 8, 8) if nesting else (4, 8, 8))
-    flat_layers = jax.tree.map(
-        lambda a: a.reshape(4, *a.shape[2:]) if nesting else a,
+    flat_layers = jax.tree.map(  # regrouped by NumPy (a jax reshape, eager, compiles a program)
+        lambda a: np.asarray(a).reshape(4, *a.shape[2:]) if nesting else a,
         variables["params"][top]["layers"] if nesting else variables["params"]["layers"],
     )
 
@@ -235,7 +260,7 @@ def test_linen_gradients_equal_unrolled(policy, nesting):
         jax.value_and_grad(loss)(p, x), jax.value_and_grad(ref_loss)(flat, x)))(variables["params"], flat_layers, x)
     np.testing.assert_allclose(value, ref_value, rtol=1e-5)
     g_layers = g[top]["layers"] if nesting else g["layers"]
-    g_layers = jax.tree.map(lambda a: a.reshape(4, *a.shape[2:]) if nesting else a, g_layers)
+    g_layers = jax.tree.map(lambda a: np.asarray(a).reshape(4, *a.shape[2:]) if nesting else a, g_layers)
     assert_trees_close(g_layers, ref_g)
 
 
