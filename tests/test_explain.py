@@ -41,8 +41,14 @@ def tanh_mlp(w, x):
     return jnp.sum(jnp.tanh(h @ w["b"]) ** 2)  # second layer
 
 
-W = {"a": jnp.ones((64, 64)) * 0.01, "b": jnp.ones((64, 64)) * 0.01}
-X = jnp.ones((256, 64))
+def _full(shape, value=1.0):
+    """An array made by NumPy and put on the device as it is (jnp.ones and its scaling, run
+    eagerly, compile a program each)."""
+    return jax.device_put(np.full(shape, value, np.float32))
+
+
+W = {"a": _full((64, 64), 0.01), "b": _full((64, 64), 0.01)}
+X = _full((256, 64))
 
 
 class Block(nnx.Module):
@@ -67,9 +73,18 @@ class Net(nnx.Module):
         return self.head(x)
 
 
+def _net(head=32):
+    """A :class:`Net` built by ``nnx.eval_shape``, its parameters drawn by NumPy: run eagerly, its
+    initialisers compile a program per shape (the reports read shapes and code, not values)."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Net(head=head)))
+    rng = np.random.default_rng(0)
+    return nnx.merge(graphdef, jax.tree.map(
+        lambda s: jax.device_put((rng.standard_normal(s.shape) * 0.1).astype(s.dtype)), state))
+
+
 def net_step(check=None, policy=None, head=32):
     """``(loss, params, x)`` of a :class:`Net` with the blocks ``check(path)`` selects checkpointed."""
-    model = Net(head=head)
+    model = _net(head)
     if check is not None:
         remat.apply_checkpointing(model, lambda path, m: isinstance(m, Block) and check(path), policy=policy)
     graphdef, params = nnx.split(model)
@@ -77,7 +92,7 @@ def net_step(check=None, policy=None, head=32):
     def loss(params, x):
         return jnp.mean(nnx.merge(graphdef, params, copy=True)(x) ** 2)
 
-    return loss, params, jnp.ones((128, 32))
+    return loss, params, _full((128, 32))
 
 
 _EXPLAINED: dict = {}
@@ -145,7 +160,7 @@ def four_blocks(policy, width=16, batch=16):
             h = remat.checkpoint(block, h, w, policy=policy)
         return jnp.sum(h)
 
-    return loss, [jnp.ones((width, width)) * 0.01 for _ in range(4)], jnp.ones((batch, width))
+    return loss, [_full((width, width), 0.01) for _ in range(4)], _full((batch, width))
 
 
 # None is remat.checkpoint's default, "nothing", and on these 2-D products "dots_no_batch" keeps what
@@ -233,7 +248,7 @@ def test_a_scan_over_layers_stacks_what_its_regions_keep():
     def loss(params, x):
         return jnp.sum(remat.scan_layers(lambda p, h: jnp.tanh(h @ p["w"]), params, x, policy="nothing") ** 2)
 
-    params = {"w": jnp.ones((8, 64, 64)) * 0.01}
+    params = {"w": _full((8, 64, 64), 0.01)}
     report = explain(jax.grad(loss), params, X)
     assert report.temp_bytes == _temp(jax.grad(loss), params, X)
     stacked = [b for b in report.temp_peak_buffers if b.kind == "residual" and b.op == "while"]
@@ -268,8 +283,8 @@ def test_explaining_leaves_the_program_as_it_was(capsys, monkeypatch):
 
     monkeypatch.setattr(module, "PROGRESS_AFTER_S", 0.0)
     before_env, before_call = dict(os.environ), Block.__call__
-    model = Net()
-    explain(jax.grad(lambda m, x: jnp.sum(m(x))), model, jnp.ones((8, 32)))
+    model = _net()
+    explain(jax.grad(lambda m, x: jnp.sum(m(x))), model, _full((8, 32)))
     assert dict(os.environ) == before_env and Block.__call__ is before_call
     assert all("_remat_module_path" not in vars(m) for _, m in nnx.iter_graph(model) if isinstance(m, nnx.Module))
     assert "remat explain: compiling" in capsys.readouterr().err  # the progress line of a slow compile
