@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import io
 import re
 import subprocess
@@ -198,15 +199,16 @@ _CLOCK = re.compile(r"(?<![\d:.])(?:[01]?\d|2[0-3]):[0-5]\d(?![\d:])")
 _HEX = re.compile(r"(?<![\w/#.-])[0-9a-f]{7,40}(?![\w/-])")
 
 
-def _known_commits() -> set[str]:
+@functools.cache  # one git run for all the pages (each run is a process start)
+def _known_commits() -> frozenset[str]:
     try:
         out = subprocess.run(["git", "rev-list", "--all"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
-        return set()
-    return set(out.split())
+        return frozenset()
+    return frozenset(out.split())
 
 
-def _looks_like_a_commit(word: str, commits: set[str]) -> bool:
+def _looks_like_a_commit(word: str, commits: frozenset[str] | set[str]) -> bool:
     """A hex word of 7 to 40 digits that is a commit of this repository, or that mixes
     letters and digits as abbreviated hashes do (a plain number or word is neither)."""
     if any(c.startswith(word) for c in commits):
