@@ -35,9 +35,12 @@ def run_py(code: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_import_remat_changes_nothing_observable():
+def test_import_remat_changes_nothing_observable_and_imports_nothing_heavy():
+    """One fresh interpreter for three import checks: ``import remat`` (and touching its API)
+    changes no environment variable, JAX setting or lowering rule; ``remat.analysis`` imports
+    neither matplotlib nor torch; ``remat.crosscheck`` and ``models`` do not import torch."""
     out = run_py("""
-        import json, os
+        import json, os, sys
         import jax
         from jax._src.interpreters import mlir
         from jax._src import ad_checkpoint
@@ -48,9 +51,13 @@ def test_import_remat_changes_nothing_observable():
         import remat
         dir(remat); remat.checkpoint; remat.policies  # touching the API installs nothing
         after = snapshot()
-        print(json.dumps({"same": before == after, "cpu_rule": after["cpu_rule"]}))
+        import remat.analysis
+        analysis_heavy = sorted(m for m in ("matplotlib", "torch") if m in sys.modules)
+        import remat.crosscheck, models
+        print(json.dumps({"same": before == after, "cpu_rule": after["cpu_rule"],
+                          "analysis_heavy": analysis_heavy, "torch": "torch" in sys.modules}))
     """)
-    assert out == {"same": True, "cpu_rule": False}
+    assert out == {"same": True, "cpu_rule": False, "analysis_heavy": [], "torch": False}
 
 
 # The issue's program: it aborted (SIGABRT in XLA:CPU) with remat imported.
