@@ -6,8 +6,9 @@ and the MLP hidden tagged with ``checkpoint_name``), checkpointed with
 At each of ``--budgets`` (0.5 and 0.25), ``--runs`` times (3), on a step built afresh:
 ``jit_s``, the seconds to trace, lower and compile ``jax.jit(jax.grad(step))`` alone
 (:func:`remat.cli.plan.jit_seconds`), then ``plan_s``, ``remat.plan``'s with the default
-options (rates calibrated beforehand, once per process; ``--no-measure``: the fitting
-candidates are not timed). Writes ``docs/results/scanned-plan.md`` (the medians, and each
+options (rates calibrated beforehand, once per process; the fitting candidates timed where
+that is predicted to cost no more than the search, ``remat.plan(measure=None)``;
+``--measure``: always timed, ``--no-measure``: never). Writes ``docs/results/scanned-plan.md`` (the medians, and each
 run's ratio) and prints one JSON line: the budget with the largest median ratio, each
 budget's medians (``budgets``) and every run (``rows``).
 """
@@ -66,10 +67,10 @@ def scanned_step(depth: int, width: int, heads: int, mlp: int, vocab: int, batch
     return loss, params, jax.random.randint(next(ks), (batch, seq), 0, vocab)
 
 
-def measure(budget: float, timed: bool = True, **sizes: int) -> dict[str, Any]:
+def measure(budget: float, timed: bool | None = None, **sizes: int) -> dict[str, Any]:
     """The plan's and the jit's seconds, side by side in this process, on a step built
     afresh (no trace or compile shared with an earlier run): ``jit_s`` first, alone, then
-    the plan (``timed``: the plan times its fitting candidates, ``remat.plan(measure=)``)."""
+    the plan (``timed``: ``remat.plan(measure=)``)."""
     from remat.analysis.machine import calibrate_once
     from remat.cli.plan import jit_seconds
 
@@ -110,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scanned_plan", description=__doc__.splitlines()[0])
     parser.add_argument("--budgets", default="0.5,0.25", help="memory budgets, comma-separated")
     parser.add_argument("--runs", type=int, default=3, help="runs at each budget, each on a step built afresh")
-    parser.add_argument("--no-measure", dest="timed", action="store_false",
+    parser.add_argument("--measure", dest="timed", action="store_const", const=True, default=None,
+                        help="always time the fitting candidates (default: where it costs no more than the search)")
+    parser.add_argument("--no-measure", dest="timed", action="store_const", const=False,
                         help="choose by predicted time: the fitting candidates are not timed")
     for name, default in (("depth", 32), ("width", 256), ("heads", 4), ("mlp", 688), ("vocab", 256),
                           ("batch", 4), ("seq", 128)):

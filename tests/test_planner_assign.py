@@ -1,6 +1,7 @@
 """The default search's exact per-region assignment and its cost model, against brute force."""
 import dataclasses
 import itertools
+import os
 import random
 
 import jax.numpy as jnp
@@ -512,3 +513,44 @@ def test_the_leanest_plan_finds_a_faster_assignment_as_lean_where_xlas_temp_byte
     assert p.chosen.temp_bytes <= LEAN_SLACK * min(c.temp_bytes for c in compiled)
     everywhere = next(c for c in compiled if c.label == "all: nothing")
     assert p.chosen.estimated_ms < everywhere.estimated_ms and len(compiled) <= 5
+
+
+def test_timing_is_weighed_against_the_search_in_steps_runs_and_full_compiles():
+    from remat.planner._candidate import PlanCandidate
+    from remat.planner._timing import FULL_COMPILE, TIMING_FLOOR_S, timing_seconds, untimed_note
+    from remat.planner.programs import MIN_SAMPLE_S
+
+    def fitting(ms, memory_only=True):
+        return PlanCandidate(f"{ms}", (), temp_bytes=1, fits=True, predicted_ms=ms, memory_only=memory_only)
+
+    one_second = [fitting(1000.0), fitting(900.0)]
+    compiles = FULL_COMPILE * 1.5 * -(-2 // (os.cpu_count() or 1))
+    # a warm-up, 5 rounds and 10 more of each, at the slowest one's predicted second
+    assert timing_seconds(one_second, compile_s=1.5, repeat=5) == pytest.approx(compiles + 2 * 16 * 1.0)
+    # a toy step's samples last at least MIN_SAMPLE_S; full executables compile no more
+    toys = [fitting(0.1, memory_only=False), fitting(0.2, memory_only=False)]
+    assert timing_seconds(toys, compile_s=1.0, repeat=5) == pytest.approx(2 * 16 * MIN_SAMPLE_S)
+    assert untimed_note(toys, 1.0, 5, search_s=0.5) is None  # under the floor
+    note = untimed_note(one_second, 1.5, 5, search_s=3.0)
+    assert note is not None and note.startswith("the 2 fitting programs were not timed") and "3.0 s" in note
+    assert untimed_note(one_second, 1.5, 5, search_s=60.0) is None  # no more than the search took
+    assert untimed_note([fitting(1.0)] * 2, 0.0, 5, search_s=0.0) is None and TIMING_FLOOR_S > 2 * 16 * MIN_SAMPLE_S
+
+
+@pytest.mark.slow  # three plans of a small MLP, one of them timed
+def test_where_timing_would_cost_more_than_the_search_the_plan_says_so_and_chooses_by_prediction(monkeypatch):
+    from remat.models.tasks import make_task, pure_step_loss
+    from remat.planner import _timing
+
+    # the leanest plan of a small MLP: two programs fit, within the time model's error
+    step, args = pure_step_loss(make_task("mlp", depth=4, width=64, batch_size=64, seed=0))
+    predicted = plan(step, *args, memory_budget=0, measure=False)
+    monkeypatch.setattr(_timing, "TIMING_FLOOR_S", 0.0)
+    monkeypatch.setattr(_timing, "TIMING_SHARE", 0.0)
+    p = plan(step, *args, memory_budget=0)
+    assert len({c.program for c in p.candidates if c.contends}) >= 2  # something to time
+    assert all(c.measured_ms is None for c in p.candidates)
+    assert p.not_timed is not None and p.not_timed in p.why() and "measure=True" in p.not_timed
+    assert p.chosen.label == predicted.chosen.label and predicted.not_timed is None
+    forced = plan(step, *args, memory_budget=0, measure=True, repeat=1)
+    assert forced.not_timed is None and forced.chosen.measured_ms is not None

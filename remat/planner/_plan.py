@@ -43,6 +43,8 @@ class Plan:
         its number of inputs); the others are ``remat.checkpoint`` regions.
       not_split: why a scanned region was not offered segment splits, in one line
         (None: every scanned region was, or none is in a scan).
+      not_timed: why the fitting candidates were not timed, in one line (None: they
+        were, one program fits, or ``measure=`` said which).
     """
 
     memory_budget: float
@@ -62,6 +64,7 @@ class Plan:
     not_offloaded: str | None = None
     foreign_regions: tuple[int, ...] = ()
     not_split: str | None = None
+    not_timed: str | None = None
 
     def apply(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
         """``step_fn`` with the plan's choice for every checkpointed region (at trace time).
@@ -133,10 +136,10 @@ class Plan:
 
     def why(self) -> list[str]:
         """What the alternatives would have cost: the runner-up's time, the nearest faster
-        candidate's bytes over the limit; and why host offload or a scanned stack's segment
-        splits were not weighed, if they were not."""
+        candidate's bytes over the limit; why host offload or a scanned stack's segment
+        splits were not weighed, and why the fitting candidates were not timed, if so."""
         lines: list[str] = []
-        note = [n for n in (self.not_offloaded, self.not_split) if n is not None]
+        note = [n for n in (self.not_offloaded, self.not_split, self.not_timed) if n is not None]
         if self.chosen is None:
             return note
         up = self.runner_up

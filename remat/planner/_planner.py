@@ -26,8 +26,8 @@ from remat.planner._schedules import schedule_search, start_schedule_costs
 from remat.planner._search import BACKGROUND, LEAN_SLACK, CandidateSearch
 from remat.planner._segments import scanned_bytes, split_note, stack_lengths
 from remat.planner._split_options import with_splits
+from remat.planner._timing import fitting_programs, timed, untimed_note
 from remat.planner._units import parse_bytes
-from remat.planner.programs import time_side_by_side
 from remat.planner.steering import Survey, survey
 from remat.policies import NO_CHECKPOINT, PolicySpec
 
@@ -41,7 +41,7 @@ def plan(
     policies: Sequence[PolicySpec] = PLANNED_POLICIES,
     budget_fractions: Sequence[float] = BUDGET_FRACTIONS,
     repeat: int = 5,
-    measure: bool = True,
+    measure: bool | None = None,
     cache: dict[str, PlanCandidate] | None = None,
     early_reject: bool = True,
     progress: Callable[[str], None] | None = None,
@@ -70,8 +70,13 @@ def plan(
       repeat: timing rounds of the fitting candidates (each round runs each once; the
         candidates within 3% of the fastest run ``2 * repeat`` rounds more,
         :func:`remat.planner.programs.time_side_by_side`).
-      measure: time the fitting candidates (otherwise choose by predicted time; XLA's cost
-        analysis counts a loop body once, so predictions of scan candidates are far too low).
+      measure: time the fitting candidates (True), or choose by predicted time (False).
+        None: the default search times them where timing is predicted to cost at most
+        as long as the search itself, or two seconds (``remat.planner._timing``), so that
+        planning a step that runs for seconds takes about as long as compiling it
+        (``plan.not_timed`` says when they were not timed, and why); the other searches
+        always time them (XLA's cost analysis counts a loop body once, so their
+        predictions of scan candidates are far too low).
       cache: a dict to reuse compiled candidates across calls with the same ``step_fn``
         and argument shapes (e.g. several budgets for one model).
       early_reject: leave uncompiled the candidates whose residual bytes (one trace) predict
@@ -128,10 +133,15 @@ def plan(
     # budget 0, the leanest: the least temp memory any candidate reached, with LEAN_SLACK
     limit = int(LEAN_SLACK * search.least) if budget == 0 else int(budget * none.compiled_temp_bytes())
     pool = _settled(search, pool, limit, complete=costing is None and stack is None)
-    if measure:
-        pool = _timed(pool if costing is None else outpaced(pool), args, repeat)
+    if costing is not None:  # the default search's predictions tell apart what is far apart
+        pool = outpaced(pool)
+    # the other searches' predictions count a scan's body once: always timed, unless asked not to
+    untimed = (None if measure is not None or costing is None else
+               untimed_note(fitting_programs(pool), none.compile_s or 0.0, repeat, time.perf_counter() - started))
+    if measure is not False and untimed is None:
+        pool = timed(pool, args, repeat)
     plan_s = time.perf_counter() - started
-    return _result(pool, none, surveyed, (budget, limit, limit_bytes), (args, argnums), measure, plan_s)
+    return _result(pool, none, surveyed, (budget, limit, limit_bytes), (args, argnums), untimed, plan_s)
 
 
 def _surveyed(step_fn: Callable[..., Any], args: tuple, rates: Rates | None) -> tuple[Survey, Rates]:
@@ -149,16 +159,19 @@ def _surveyed(step_fn: Callable[..., Any], args: tuple, rates: Rates | None) -> 
 
 
 def _result(pool: list[PlanCandidate], none: PlanCandidate, surveyed: Survey, limits: tuple[float, int, int | None],
-            step: tuple[tuple, int | Sequence[int]], measured: bool, plan_s: float) -> Plan:
+            step: tuple[tuple, int | Sequence[int]], untimed: str | None, plan_s: float) -> Plan:
     """The :class:`Plan` of the candidates weighed: the chosen one (:func:`_choose`), and
     the footprint on one device of it or, where nothing fits, of the leanest.
 
     Args:
       limits: ``(budget, temp limit, device limit or None)``.
       step: ``(args, argnums)`` of the step planned.
+      untimed: why the fitting candidates were not timed (None: they were, or were not
+        to be).
     """
     (budget, limit, limit_bytes), (args, argnums) = limits, step
-    chosen = _choose([c for c in pool if c.contends], measured=measured)
+    contending = [c for c in pool if c.contends]
+    chosen = _choose(contending, measured=any(c.measured_ms is not None for c in contending))
     compiled = [c for c in pool if c.temp_bytes is not None]
     shown = chosen or min(compiled, key=PlanCandidate.compiled_temp_bytes)
     on_device = footprint(shown.compiled, args, argnums)
@@ -170,7 +183,8 @@ def _result(pool: list[PlanCandidate], none: PlanCandidate, surveyed: Survey, li
                 footprint=on_device, region_paths=tuple(surveyed.paths), not_offloaded=offload_note(surveyed.names),
                 foreign_regions=surveyed.foreign,
                 # a remat.scan_layers stack's own checkpoints are no regions to name
-                not_split=None if surveyed.scan_depths else split_note(stack_lengths(surveyed.jaxpr)))
+                not_split=None if surveyed.scan_depths else split_note(stack_lengths(surveyed.jaxpr)),
+                not_timed=untimed)
 
 
 def _checked_limit(budget: Any, limit: Any) -> tuple[float | None, int | None]:
@@ -278,19 +292,6 @@ def _mixed(search: CandidateSearch, pool: list[PlanCandidate], n: int, limit: in
         if 1 <= j < n:
             neighbours.append(mixed_spec(spec.policies[0], spec.policies[-1], j, n))
     return first + search.evaluate_many(neighbours)
-
-
-def _timed(pool: list[PlanCandidate], args: tuple, repeat: int) -> list[PlanCandidate]:
-    """The fitting candidates with their measured times, when more than one program fits:
-    one program is timed once,
-    whatever its spellings (timing it against itself would only let the machine's noise
-    choose among equal programs)."""
-    fitting = {c.program: c for c in pool if c.contends}
-    if len(fitting) < 2:  # nothing to choose between: the one program that fits is the plan
-        return pool
-    programs = {program: c.executable() for program, c in fitting.items()}
-    times = dict(zip(programs, time_side_by_side(list(programs.values()), args, repeat)))
-    return [dataclasses.replace(c, measured_ms=times.get(c.program) if c.fits else None) for c in pool]
 
 
 #: Predicted times this close to the fastest's are a tie (XLA's cost analysis and the
