@@ -59,8 +59,12 @@ def split_rngs(**kwargs: Any) -> Any:
 # NNX: tests/nnx/transforms_test.py
 # ======================================================================================
 
-GRAPH_MODES = [(True, True), (True, False), (False, False)]
-TREE_MODES = [(True, False), (False, False)]
+# The graph modes of upstream's parametrizations: the first of each list (Flax's default
+# graph mode, as remat users call it) stays fast; the others are slow (CI runs them)
+GRAPH_MODES = [(True, True), pytest.param(True, False, marks=pytest.mark.slow),
+               pytest.param(False, False, marks=pytest.mark.slow)]
+TREE_MODES = [(True, False), pytest.param(False, False, marks=pytest.mark.slow)]
+GRAPH = [True, pytest.param(False, marks=pytest.mark.slow)]  # graph=True stays fast
 
 
 # flax tests/nnx/transforms_test.py TestRemat.test_remat_basic
@@ -155,7 +159,7 @@ def test_remat_with_scan_decorator():
 
 
 # flax tests/nnx/transforms_test.py TestRemat.test_remat_with_scan_decorator_functional
-@pytest.mark.parametrize("graph", [True, False])
+@pytest.mark.parametrize("graph", GRAPH)
 def test_remat_with_scan_decorator_functional(graph):
     state_axes = nnx.StateAxes({(nnx.Param, nnx.RngState): 0, ...: None})  # noqa: F841 (as upstream)
 
@@ -335,7 +339,7 @@ def test_jax_example_with_remat_graph_updates():
 
 
 # flax tests/nnx/transforms_test.py TestCustomVJP.test_jax_example_with_remat_functional
-@pytest.mark.parametrize("graph", [True, False])
+@pytest.mark.parametrize("graph", GRAPH)
 def test_jax_example_with_remat_functional(graph):
     @dataclasses.dataclass
     class Foo(nnx.Module):
@@ -857,7 +861,9 @@ def test_nnx_bound_method_under_jax_transform(transform):
 
 
 @pytest.mark.parametrize("target", ["module", "bound_method", "closure", "sequential"])
-@pytest.mark.parametrize("transform", ["nnx.grad", "nnx.jit", "nnx.value_and_grad"])
+# nnx.value_and_grad is nnx.grad with the value returned too: slow; the nnx.grad cases of each
+# target stay fast
+@pytest.mark.parametrize("transform", ["nnx.grad", "nnx.jit", pytest.param("nnx.value_and_grad", marks=pytest.mark.slow)])
 def test_nnx_module_under_nnx_transform(transform, target):
     m = _Block(nnx.Rngs(0))
     x = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)

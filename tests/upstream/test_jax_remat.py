@@ -119,7 +119,10 @@ def assert_all_close(actual, desired, *, check_dtypes=True, atol=None, rtol=None
 # ('', jax.remat), ('_policy', partial(jax.remat, policy=...)), ('_new', partial(jax.checkpoint, policy=...))
 _never = lambda *_, **__: False  # noqa: E731
 REMAT = pytest.param(remat.checkpoint, id="remat")
-REMAT_POLICY = pytest.param(partial(remat.checkpoint, policy=_never), id="policy")
+# '_policy' runs the same test with a never-saving callable policy (remat passes it to
+# jax.checkpoint as it is; tests/test_policies.py checks callable policies in the default run):
+# slow; the [remat] case, remat.checkpoint as users call it, stays fast
+REMAT_POLICY = pytest.param(partial(remat.checkpoint, policy=_never), id="policy", marks=pytest.mark.slow)
 # '_new' runs what '' and '_policy' run (jax.checkpoint is jax.remat today): the slow cases
 REMAT_NEW_POLICY = pytest.param(partial(remat.checkpoint, policy=_never), id="new_policy", marks=pytest.mark.slow)
 REMAT_NEW = pytest.param(remat.checkpoint, id="new", marks=pytest.mark.slow)
@@ -2199,6 +2202,10 @@ def _loss(context, ckpt):
 
 
 _CORPUS_CONTEXTS = ["scan", "fori_loop", "while_loop", "cond", "jit", "vmap", "grad", "jacfwd_grad"]
+# contexts whose cases are slow: fori_loop with a fixed trip count lowers to the scan of the
+# "scan" context, and the plain stack under jax.jit is what every compiled context jits (its
+# eager twin is "grad", its batched one "vmap"); the other six stay in the default run
+_CORPUS_SLOW_CONTEXTS = {"fori_loop", "jit"}
 
 
 def _evaluate(context, loss, x, w):
@@ -2257,7 +2264,8 @@ def _corpus_results(context):
     pytest.param(impl, cse, id=f"{impl}-{'cse_barrier' if cse else 'no_cse_barrier'}",
                  marks=pytest.mark.slow if (impl, cse) in _CORPUS_SLOW else ())
     for impl, cse in _CORPUS_IMPLS])
-@pytest.mark.parametrize("context", _CORPUS_CONTEXTS)
+@pytest.mark.parametrize("context", [
+    pytest.param(c, marks=pytest.mark.slow if c in _CORPUS_SLOW_CONTEXTS else ()) for c in _CORPUS_CONTEXTS])
 def test_import_safety_corpus(context, impl, prevent_cse):
     expected, together = _corpus_results(context)
     actual = together.get((impl, prevent_cse))
