@@ -36,9 +36,10 @@ def run_py(code: str) -> dict:
 
 
 def test_import_remat_changes_nothing_observable_and_imports_nothing_heavy():
-    """One fresh interpreter for three import checks: ``import remat`` (and touching its API)
+    """One fresh interpreter for four import checks: ``import remat`` (and touching its API)
     changes no environment variable, JAX setting or lowering rule; ``remat.analysis`` imports
-    neither matplotlib nor torch; ``remat.crosscheck`` and ``models`` do not import torch."""
+    neither matplotlib nor torch; ``remat.crosscheck`` and ``models`` do not import torch. In
+    between, ``remat.policies.selective`` runs, with no other remat call before it."""
     out = run_py("""
         import json, os, sys
         import jax
@@ -51,6 +52,9 @@ def test_import_remat_changes_nothing_observable_and_imports_nothing_heavy():
         import remat
         dir(remat); remat.checkpoint; remat.policies  # touching the API installs nothing
         after = snapshot()
+        # selective() works straight after `import remat` (the default run's case of
+        # upstream/test_torch_checkpoint.py's slow test_bad_inputs_selective_right_after_import)
+        remat.policies.selective(['mm']); remat.policies.selective([jax.lax.sin_p])
         import remat.analysis
         analysis_heavy = sorted(m for m in ("matplotlib", "torch") if m in sys.modules)
         import remat.crosscheck, models

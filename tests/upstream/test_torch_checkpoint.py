@@ -220,9 +220,16 @@ def _check_checkpoint_sequential(model, module_lists_to_compare, num_chunks, inp
     return out_not_checkpointed, g_model, g_input
 
 
+# remat.checkpoint and checkpoint_sequential accept use_reentrant= and early_stop= and run the
+# same code either way (docs/pytorch.md): of upstream's two cases, use_reentrant=False (what
+# PyTorch asks its users to pass) and early_stop=True (PyTorch's default) stay fast; the other
+# is slow (CI runs it)
+USE_REENTRANT = [pytest.param(True, marks=pytest.mark.slow), False]
+EARLY_STOP = [True, pytest.param(False, marks=pytest.mark.slow)]
+
 class TestCheckpoint:
     # torch test/test_utils.py TestCheckpoint.test_checkpoint_trigger
-    @pytest.mark.parametrize("use_reentrant", [True, False])
+    @pytest.mark.parametrize("use_reentrant", USE_REENTRANT)
     def test_checkpoint_trigger(self, use_reentrant):
         class Net:
             def __init__(self) -> None:
@@ -258,7 +265,7 @@ class TestCheckpoint:
     # torch test/test_utils.py TestCheckpoint.test_checkpoint_valid
     # slow (second order, op by op: seconds); tests/test_checkpoint.py differentiates twice in the fast suite
     @pytest.mark.slow
-    @pytest.mark.parametrize("use_reentrant", [True, False])
+    @pytest.mark.parametrize("use_reentrant", USE_REENTRANT)
     def test_checkpoint_valid(self, use_reentrant):
         model = _mlp()
         input_var = _randn(1, 1, 100)
@@ -290,7 +297,7 @@ class TestCheckpoint:
         _close(second_checkpoint, second_no_checkpoint)
 
     # torch test/test_utils.py TestCheckpoint.test_checkpoint
-    @pytest.mark.parametrize("use_reentrant", [True, False])
+    @pytest.mark.parametrize("use_reentrant", USE_REENTRANT)
     def test_checkpoint(self, use_reentrant):
         model = _mlp()
         # In addition to running checkpoint_sequential on the nn.Sequential instance, we
@@ -315,7 +322,7 @@ class TestCheckpoint:
             _close(g_model.layers[i].bias[...], t_model[i].bias.grad.numpy(), rtol=1e-5, atol=1e-6)
 
     # torch test/test_utils.py TestCheckpoint.test_checkpoint_module_list
-    @pytest.mark.parametrize("use_reentrant", [True, False])
+    @pytest.mark.parametrize("use_reentrant", USE_REENTRANT)
     def test_checkpoint_module_list(self, use_reentrant):
         class ModuleListNet(nnx.Module):
             def __init__(self, rngs) -> None:
@@ -341,7 +348,7 @@ class TestCheckpoint:
         )
 
     # torch test/test_utils.py TestCheckpoint.test_checkpoint_sequential_deprecated_multiple_args
-    @pytest.mark.parametrize("use_reentrant", [True, False])
+    @pytest.mark.parametrize("use_reentrant", USE_REENTRANT)
     def test_checkpoint_sequential_deprecated_multiple_args(self, use_reentrant):
         class Two(nnx.Module):
             def __call__(self, a, b):
@@ -354,7 +361,7 @@ class TestCheckpoint:
             remat.checkpoint_sequential(model, 1, a, b)  # type: ignore[arg-type]
 
     # torch test/test_utils.py TestCheckpoint.test_checkpoint_sequential_deprecated_no_args
-    @pytest.mark.parametrize("use_reentrant", [True, False])
+    @pytest.mark.parametrize("use_reentrant", USE_REENTRANT)
     def test_checkpoint_sequential_deprecated_no_args(self, use_reentrant):
         class Noop(nnx.Module):
             def __call__(self):
@@ -956,7 +963,7 @@ class TestAutograd:
         _close(g2, jnp.exp(a))
 
     # torch test/test_autograd.py TestAutograd.test_checkpointing_without_reentrant_detached_tensor
-    @pytest.mark.parametrize("use_reentrant", [True, False])
+    @pytest.mark.parametrize("use_reentrant", USE_REENTRANT)
     def test_checkpointing_without_reentrant_detached_tensor(self, use_reentrant):
         class NoGradModule(nnx.Module):
             def __init__(self, rngs) -> None:
@@ -1171,7 +1178,7 @@ class TestNestedCheckpoint:
     # builds no graph objects that could outlive a call.
 
     # torch test/test_autograd.py TestNestedCheckpoint.test_nested_checkpoint
-    @pytest.mark.parametrize("early_stop", [True, False])
+    @pytest.mark.parametrize("early_stop", EARLY_STOP)
     def test_nested_checkpoint(self, early_stop):
         x = _randn(0)
 
@@ -1195,7 +1202,7 @@ class TestNestedCheckpoint:
                     assert jnp.allclose(expected, actual)
 
     # torch test/test_autograd.py TestNestedCheckpoint.test_nested_checkpoint_two_children
-    @pytest.mark.parametrize("early_stop", [True, False])
+    @pytest.mark.parametrize("early_stop", EARLY_STOP)
     def test_nested_checkpoint_two_children(self, early_stop):
         grad, sum = self.grad, self.sum
         c = functools.partial(self.checkpoint, early_stop=early_stop)
@@ -1221,7 +1228,7 @@ class TestNestedCheckpoint:
         assert jnp.allclose(expected, actual)
 
     # torch test/test_autograd.py TestNestedCheckpoint.test_nested_checkpoint_non_tensor_inputs_and_outputs
-    @pytest.mark.parametrize("early_stop", [True, False])
+    @pytest.mark.parametrize("early_stop", EARLY_STOP)
     def test_nested_checkpoint_non_tensor_inputs_and_outputs(self, early_stop):
         def fn(k, a, b, f):
             return f(k * a * jnp.exp(b)), 1, "abcd"
@@ -1244,7 +1251,7 @@ class TestNestedCheckpoint:
             assert jnp.allclose(actual, expected)
 
     # torch test/test_autograd.py TestNestedCheckpoint.test_nested_checkpoint_kwargs
-    @pytest.mark.parametrize("early_stop", [True, False])
+    @pytest.mark.parametrize("early_stop", EARLY_STOP)
     def test_nested_checkpoint_kwargs(self, early_stop):
         def fn(a, blah=None):
             out = jnp.exp(jnp.sin(a))
@@ -1263,7 +1270,7 @@ class TestNestedCheckpoint:
 
     # torch test/test_autograd.py TestNestedCheckpoint.test_nested_checkpoint_same_graph
     @pytest.mark.skip(reason="torch-only: a hook registered on a grad_fn node of the original graph must fire once")
-    @pytest.mark.parametrize("early_stop", [True, False])
+    @pytest.mark.parametrize("early_stop", EARLY_STOP)
     def test_nested_checkpoint_same_graph(self, early_stop):
         pass
 
@@ -1274,7 +1281,7 @@ class TestNestedCheckpoint:
             "first is in flight"
         ),
     )
-    @pytest.mark.parametrize("early_stop", [True, False])
+    @pytest.mark.parametrize("early_stop", EARLY_STOP)
     def test_nested_checkpoint_reentrant_backwards(self, early_stop):
         pass
 
@@ -1461,22 +1468,27 @@ class TestSelectiveActivationCheckpoint:
     def test_subclass_dispatching_sizes(self):
         pass
 
-    # torch test/test_autograd.py TestSelectiveActivationCheckpoint.test_bad_inputs
-    def test_bad_inputs(self):
-        # create_selective_checkpoint_contexts can be called on its own; so must
-        # selective() be, straight after `import remat` (docs/policies.md builds a policy before
-        # any checkpoint call). A fresh interpreter shows it: in this process other
-        # imports have long been made.
-        problems = []  # every check runs; the test reports all that fail
+    # torch test/test_autograd.py TestSelectiveActivationCheckpoint.test_bad_inputs, its
+    # fresh-interpreter half: create_selective_checkpoint_contexts can be called on its own; so
+    # must selective() be, straight after `import remat` (docs/policies.md builds a policy
+    # before any checkpoint call). A fresh interpreter shows it: in this process other imports
+    # have long been made. Slow (a child interpreter, ~2 s): the default run makes the same two
+    # calls right after `import remat` in tests/test_lowering.py's one child interpreter
+    # (test_import_remat_changes_nothing_observable_and_imports_nothing_heavy).
+    @pytest.mark.slow
+    def test_bad_inputs_selective_right_after_import(self):
         code = (
             "import remat, jax\n"
             "remat.policies.selective(['mm'])\n"
             "remat.policies.selective([jax.lax.sin_p])\n"
         )
         proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
-        if proc.returncode != 0:
-            problems.append("selective() right after `import remat` fails:\n" + proc.stderr[-800:])
+        assert proc.returncode == 0, "selective() right after `import remat` fails:\n" + proc.stderr[-800:]
 
+    # torch test/test_autograd.py TestSelectiveActivationCheckpoint.test_bad_inputs, in this
+    # process (the fresh-interpreter half is the test above)
+    def test_bad_inputs(self):
+        problems = []  # every check runs; the test reports all that fail
         bad_op_list1 = [2]
         # torch: ValueError "Expected op in `op_list` to be an OpOverload"; remat may
         # choose ValueError or TypeError, but must not silently save nothing.
