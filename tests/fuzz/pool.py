@@ -115,6 +115,9 @@ class Pool:
         return results
 
     def close(self) -> None:
+        for w in self.workers:  # every worker told to end first, so that they shut down side by side
+            if w.proc is not None and w.proc.poll() is None:
+                w.proc.stdin.close()
         for w in self.workers:
             w.close()
 
