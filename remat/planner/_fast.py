@@ -148,7 +148,7 @@ class FastSearch:
       model: the per-region model: a guess until the un-checkpointed step compiles, then
         scaled to it, then fitted to what compiled.
       bound: the largest predicted peak weighed (the same whatever the scale).
-      picks: the assignments compiling now (``pending`` waits for them).
+      picks: the assignments compiling now (``pending`` waits for them), predicted by ``pricing``.
       limit: the most compiled temp bytes allowed (0 until the un-checkpointed step compiles).
       points: ``(predicted peak, compiled temp bytes)`` of everything compiled.
       finalists: the compiled candidates, by label.
@@ -160,6 +160,7 @@ class FastSearch:
     model: RegionModel
     bound: float
     picks: list[Assignment] = dataclasses.field(default_factory=list)
+    pricing: RegionModel | None = None  # the model the picks compiling were predicted by
     pending: Pending | None = None
     limit: int = 0
     points: list[tuple[float, float]] = dataclasses.field(default_factory=list)
@@ -167,13 +168,15 @@ class FastSearch:
 
     def compile(self, picks: list[Assignment], model: RegionModel | None = None) -> None:
         """Starts compiling ``picks`` (the assignments of ``model``, default this state's)."""
-        self.picks = picks
-        self.pending = _confirm(self.search, model or self.model, picks) if picks else None
+        self.picks, self.pricing = picks, model or self.model
+        self.pending = _confirm(self.search, self.pricing, picks) if picks else None
 
     def collect(self) -> list[PlanCandidate]:
-        """Waits for the picks compiling, and records them as finalists and points."""
+        """Waits for the picks compiling, and records them as finalists (their predicted
+        times with the page faults of the temp buffer each compiled to) and points."""
         assert self.pending is not None
         confirmed, self.pending = self.pending(), None
+        confirmed = [_repriced(self.search, self.pricing, a, c) for a, c in zip(self.picks, confirmed)]
         self.finalists.update((c.label, c) for c in confirmed)
         self.points += [(a.peak, c.compiled_temp_bytes()) for a, c in zip(self.picks, confirmed)]
         return confirmed
@@ -471,10 +474,11 @@ def _climbed(fitted: RegionModel, limit: float, finalists: dict[str, PlanCandida
     line through the compiled points shows: so an assignment the line puts just over the
     limit compiles too, and it is the compile that says whether it fits.
     """
-    choices = [_choice(fitted, c) for c in finalists.values() if c.fits_in(limit)]
-    fitting = [fitted.assignment(choice) for choice in choices if choice is not None]
-    quickest = min((a.ms for a in fitting), default=float("inf"))
-    most_kept = max((a.peak for a in fitting), default=float("-inf"))
+    fitting = [(c, fitted.assignment(choice)) for c in finalists.values()
+               if c.fits_in(limit) and (choice := _choice(fitted, c)) is not None]
+    # what fits is priced with the page faults of the temp buffer it compiled to (collect)
+    quickest = min((a.ms if c.estimated_ms is None else c.estimated_ms for c, a in fitting), default=float("inf"))
+    most_kept = max((a.peak for _, a in fitting), default=float("-inf"))
     compiled = frozenset(finalists)
     for allowed in (limit, (1 + TEMP_ERROR) * limit):  # what the line says fits first
         found = _fastest(fitted, (allowed - fitted.offset) / fitted.scale, skip=compiled)
@@ -615,6 +619,16 @@ def _estimated(search: CandidateSearch, model: RegionModel, a: Assignment) -> Pl
         known = PlanCandidate(spec.label, spec.policies, residual_bytes=int(kept))
     c = search.cache[spec.label] = dataclasses.replace(known, estimated_temp_bytes=model.temp_bytes(a),
                                                        estimated_ms=a.ms)
+    return c
+
+
+def _repriced(search: CandidateSearch, model: RegionModel, a: Assignment, c: PlanCandidate) -> PlanCandidate:
+    """Candidate ``c``, compiled from assignment ``a`` of ``model``, its predicted time
+    charged the page faults of the temp buffer it compiled to rather than of the one predicted."""
+    if c.temp_bytes is None:
+        return c
+    ms = a.ms - model.fault_ms(a.peak) + fault_ms(c.temp_bytes, model.rates)
+    c = search.cache[c.label] = dataclasses.replace(c, estimated_ms=ms)
     return c
 
 

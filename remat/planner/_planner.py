@@ -141,7 +141,10 @@ def plan(
     if measure is not False and untimed is None:
         pool = timed(pool, args, repeat)
     plan_s = time.perf_counter() - started
-    return _result(pool, none, surveyed, (budget, limit, limit_bytes), (args, argnums), untimed, plan_s)
+    # XLA's cost analysis counts a loop body once: where regions run in a scan, the
+    # per-region model, which prices every trip, ranks what is chosen untimed
+    by_model = costing is not None and any(where != "" for where in stack_lengths(surveyed.jaxpr))
+    return _result(pool, none, surveyed, (budget, limit, limit_bytes), (args, argnums), (untimed, by_model), plan_s)
 
 
 def _surveyed(step_fn: Callable[..., Any], args: tuple, rates: Rates | None) -> tuple[Survey, Rates]:
@@ -159,19 +162,19 @@ def _surveyed(step_fn: Callable[..., Any], args: tuple, rates: Rates | None) -> 
 
 
 def _result(pool: list[PlanCandidate], none: PlanCandidate, surveyed: Survey, limits: tuple[float, int, int | None],
-            step: tuple[tuple, int | Sequence[int]], untimed: str | None, plan_s: float) -> Plan:
+            step: tuple[tuple, int | Sequence[int]], choosing: tuple[str | None, bool], plan_s: float) -> Plan:
     """The :class:`Plan` of the candidates weighed: the chosen one (:func:`_choose`), and
     the footprint on one device of it or, where nothing fits, of the leanest.
 
     Args:
       limits: ``(budget, temp limit, device limit or None)``.
       step: ``(args, argnums)`` of the step planned.
-      untimed: why the fitting candidates were not timed (None: they were, or were not
-        to be).
+      choosing: why the fitting candidates were not timed (None: they were, or were not
+        to be), and whether the per-region model's predictions rank them untimed.
     """
-    (budget, limit, limit_bytes), (args, argnums) = limits, step
+    (budget, limit, limit_bytes), (args, argnums), (untimed, by_model) = limits, step, choosing
     contending = [c for c in pool if c.contends]
-    chosen = _choose(contending, measured=any(c.measured_ms is not None for c in contending))
+    chosen = _choose(contending, measured=any(c.measured_ms is not None for c in contending), by_model=by_model)
     compiled = [c for c in pool if c.temp_bytes is not None]
     shown = chosen or min(compiled, key=PlanCandidate.compiled_temp_bytes)
     on_device = footprint(shown.compiled, args, argnums)
@@ -299,16 +302,21 @@ def _mixed(search: CandidateSearch, pool: list[PlanCandidate], n: int, limit: in
 PREDICTED_TIE = 0.01
 
 
-def _choose(fitting: list[PlanCandidate], measured: bool) -> PlanCandidate | None:
+def _choose(fitting: list[PlanCandidate], measured: bool, by_model: bool = False) -> PlanCandidate | None:
     """The fastest fitting candidate (for the leanest plan, the fitting ones are those
     within 1% of the least temp memory); among equally fast ones, the fewest residual bytes.
-    Chosen by predicted time, the candidates within :data:`PREDICTED_TIE` of the fastest
+    Chosen by predicted time (the compiled program's; with ``by_model``, the per-region
+    model's where it has one), the candidates within :data:`PREDICTED_TIE` of the fastest
     tie, and the one with the least temp memory is chosen (so that a budget sweep sharing
     ``cache=`` does not trade memory for a predicted gain within the tie)."""
     if not fitting:
         return None
     if measured:
         return min(fitting, key=lambda c: (c.speed_ms(), c.residual_bytes or 0))
-    fastest = min(c.compiled_ms() for c in fitting)
-    tied = [c for c in fitting if c.compiled_ms() <= (1 + PREDICTED_TIE) * fastest]
-    return min(tied, key=lambda c: (c.compiled_temp_bytes(), c.compiled_ms(), c.residual_bytes or 0))
+
+    def predicted(c: PlanCandidate) -> float:
+        return c.estimated_ms if by_model and c.estimated_ms is not None else c.compiled_ms()
+
+    fastest = min(predicted(c) for c in fitting)
+    tied = [c for c in fitting if predicted(c) <= (1 + PREDICTED_TIE) * fastest]
+    return min(tied, key=lambda c: (c.compiled_temp_bytes(), predicted(c), c.residual_bytes or 0))
