@@ -72,7 +72,7 @@ def plan(
         :func:`remat.planner.programs.time_side_by_side`).
       measure: time the fitting candidates (True), or choose by predicted time (False).
         None: the default search times them where timing is predicted to cost at most
-        as long as the search itself, or two seconds (``remat.planner._timing``), so that
+        twice the search itself, or two seconds (``remat.planner._timing``), so that
         planning a step that runs for seconds takes about as long as compiling it
         (``plan.not_timed`` says when they were not timed, and why); the other searches
         always time them (XLA's cost analysis counts a loop body once, so their

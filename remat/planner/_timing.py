@@ -9,10 +9,11 @@ from remat.planner._candidate import PlanCandidate
 from remat.planner._search import compile_all
 from remat.planner.programs import MIN_SAMPLE_S, time_side_by_side
 
-#: Timing may cost at most this multiple of the search's own seconds: a plan should not
-#: take much longer than the search that found its candidates (the search itself is about
-#: as long as compiling the step, the yardstick users wait for anyway).
-TIMING_SHARE = 1.0
+#: Timing may cost at most this multiple of the search's own seconds. The search is about
+#: one compile of the step; timing a small step costs a full compile of each candidate
+#: (side by side) and short samples, about as long again, which this admits; a step that
+#: runs for seconds needs samples costing many times the search, and is chosen by prediction.
+TIMING_SHARE = 2.0
 #: ...or this many seconds, whichever is more: timing a small step is a wait nobody
 #: notices, and it settles choices the time model cannot make (its errors between
 #: policies are larger than its margins).
@@ -42,8 +43,10 @@ def timing_seconds(fitting: list[PlanCandidate], compile_s: float, repeat: int) 
 
 def untimed_note(fitting: list[PlanCandidate], compile_s: float, repeat: int, search_s: float) -> str | None:
     """Why ``fitting`` are not timed, in one line: timing them is predicted to cost more
-    than :data:`TIMING_SHARE` of the search's ``search_s`` seconds, and more than
-    :data:`TIMING_FLOOR_S`; None where they are timed."""
+    than :data:`TIMING_SHARE` times the search's ``search_s`` seconds, and more than
+    :data:`TIMING_FLOOR_S`; None where they are timed (or only one program fits)."""
+    if len(fitting) < 2:  # one program fits: nothing to time
+        return None
     cost = timing_seconds(fitting, compile_s, repeat)
     allowed = max(TIMING_FLOOR_S, TIMING_SHARE * search_s)
     if cost <= allowed:
