@@ -174,7 +174,7 @@ class FastSearch:
     def collect(self) -> list[PlanCandidate]:
         """Waits for the picks compiling, and records them as finalists (their predicted
         times with the page faults of the temp buffer each compiled to) and points."""
-        assert self.pending is not None
+        assert self.pending is not None and self.pricing is not None
         confirmed, self.pending = self.pending(), None
         confirmed = [_repriced(self.search, self.pricing, a, c) for a, c in zip(self.picks, confirmed)]
         self.finalists.update((c.label, c) for c in confirmed)
