@@ -1,7 +1,6 @@
 """The default search's exact per-region assignment and its cost model, against brute force."""
 import dataclasses
 import itertools
-import os
 import random
 
 import jax.numpy as jnp
@@ -515,27 +514,43 @@ def test_the_leanest_plan_finds_a_faster_assignment_as_lean_where_xlas_temp_byte
     assert p.chosen.estimated_ms < everywhere.estimated_ms and len(compiled) <= 5
 
 
-def test_timing_is_weighed_against_the_search_in_steps_runs_and_full_compiles():
+def test_timing_is_weighed_against_the_search_by_its_runs():
     from remat.planner._candidate import PlanCandidate
-    from remat.planner._timing import FULL_COMPILE, TIMING_FLOOR_S, timing_seconds, untimed_note
+    from remat.planner._timing import TIMING_FLOOR_S, TIMING_SHARE, running_seconds, untimed_note
     from remat.planner.programs import MIN_SAMPLE_S
 
-    def fitting(ms, memory_only=True):
-        return PlanCandidate(f"{ms}", (), temp_bytes=1, fits=True, predicted_ms=ms, memory_only=memory_only)
+    def fitting(ms):
+        return PlanCandidate(f"{ms}", (), temp_bytes=1, fits=True, predicted_ms=ms)
 
     one_second = [fitting(1000.0), fitting(900.0)]
-    compiles = FULL_COMPILE * 1.5 * -(-2 // (os.cpu_count() or 1))
     # a warm-up, 5 rounds and 10 more of each, at the slowest one's predicted second
-    assert timing_seconds(one_second, compile_s=1.5, repeat=5) == pytest.approx(compiles + 2 * 16 * 1.0)
-    # a toy step's samples last at least MIN_SAMPLE_S; full executables compile no more
-    toys = [fitting(0.1, memory_only=False), fitting(0.2, memory_only=False)]
-    assert timing_seconds(toys, compile_s=1.0, repeat=5) == pytest.approx(2 * 16 * MIN_SAMPLE_S)
-    assert untimed_note(toys, 1.0, 5, search_s=0.5) is None  # under the floor
-    note = untimed_note(one_second, 1.5, 5, search_s=3.0)
+    assert running_seconds(one_second, repeat=5) == pytest.approx(2 * 16 * 1.0)
+    # a loop's body counted once by XLA: the prediction scaled by its trips
+    assert running_seconds(one_second, repeat=5, trips=4) == pytest.approx(2 * 16 * 4.0)
+    # a toy step's samples last at least MIN_SAMPLE_S
+    toys = [fitting(0.1), fitting(0.2)]
+    assert running_seconds(toys, repeat=5) == pytest.approx(2 * 16 * MIN_SAMPLE_S)
+    assert untimed_note(toys, 5, search_s=0.5) is None  # under the floor
+    note = untimed_note(one_second, 5, search_s=3.0)
     assert note is not None and note.startswith("the 2 fitting programs were not timed") and "3.0 s" in note
-    assert untimed_note(one_second, 1.5, 5, search_s=30.0) is None  # within TIMING_SHARE of the search
-    assert untimed_note(one_second[:1], 1.5, 5, search_s=0.0) is None  # one program: nothing to time
-    assert untimed_note([fitting(1.0)] * 2, 0.0, 5, search_s=0.0) is None and TIMING_FLOOR_S > 2 * 16 * MIN_SAMPLE_S
+    assert untimed_note(one_second, 5, search_s=32.0 / TIMING_SHARE) is None  # within TIMING_SHARE of the search
+    assert untimed_note(one_second[:1], 5, search_s=0.0) is None  # one program: nothing to time
+    assert TIMING_FLOOR_S > 2 * 16 * MIN_SAMPLE_S  # two toy programs are always timed
+
+
+def test_a_steps_loop_trips_multiply_through_nested_scans():
+    import jax
+    from jax import lax
+
+    from remat.planner._timing import loop_trips
+
+    def step(x):
+        def outer(c, _):
+            return lax.scan(lambda c2, _: (c2 * 2.0, None), c, None, length=3)[0], None
+        return lax.scan(outer, x, None, length=4)[0]
+
+    assert loop_trips(jax.make_jaxpr(step)(1.0).jaxpr) == 12
+    assert loop_trips(jax.make_jaxpr(lambda x: x * 2)(1.0).jaxpr) == 1
 
 
 @pytest.mark.slow  # three plans of a small MLP, one of them timed

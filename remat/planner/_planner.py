@@ -26,7 +26,7 @@ from remat.planner._schedules import schedule_search, start_schedule_costs
 from remat.planner._search import BACKGROUND, LEAN_SLACK, CandidateSearch
 from remat.planner._segments import scanned_bytes, split_note, stack_lengths
 from remat.planner._split_options import with_splits
-from remat.planner._timing import fitting_programs, timed, untimed_note
+from remat.planner._timing import fitting_programs, loop_trips, timed, untimed_note
 from remat.planner._units import parse_bytes
 from remat.planner.steering import Survey, survey
 from remat.policies import NO_CHECKPOINT, PolicySpec
@@ -71,8 +71,8 @@ def plan(
         candidates within 3% of the fastest run ``2 * repeat`` rounds more,
         :func:`remat.planner.programs.time_side_by_side`).
       measure: time the fitting candidates (True), or choose by predicted time (False).
-        None: the default search times them where timing is predicted to cost at most
-        twice the search itself, or two seconds (``remat.planner._timing``), so that
+        None: the default search times them where their runs are predicted to take at
+        most twice the search itself, or two seconds (``remat.planner._timing``), so that
         planning a step that runs for seconds takes about as long as compiling it
         (``plan.not_timed`` says when they were not timed, and why); the other searches
         always time them (XLA's cost analysis counts a loop body once, so their
@@ -137,7 +137,8 @@ def plan(
         pool = outpaced(pool)
     # the other searches' predictions count a scan's body once: always timed, unless asked not to
     untimed = (None if measure is not None or costing is None else
-               untimed_note(fitting_programs(pool), none.compile_s or 0.0, repeat, time.perf_counter() - started))
+               untimed_note(fitting_programs(pool), repeat, time.perf_counter() - started,
+                            loop_trips(surveyed.jaxpr.jaxpr)))
     if measure is not False and untimed is None:
         pool = timed(pool, args, repeat)
     plan_s = time.perf_counter() - started
