@@ -142,10 +142,8 @@ def plan(
     if measure is not False and untimed is None:
         pool = timed(pool, args, repeat)
     plan_s = time.perf_counter() - started
-    # XLA's cost analysis counts a loop body once: where regions run in a scan, the
-    # per-region model, which prices every trip, ranks what is chosen untimed
-    by_model = costing is not None and any(where != "" for where in stack_lengths(surveyed.jaxpr))
-    return _result(pool, none, surveyed, (budget, limit, limit_bytes), (args, argnums), (untimed, by_model), plan_s)
+    return _result(pool, none, surveyed, (budget, limit, limit_bytes), (args, argnums), (untimed, costing is not None),
+                   plan_s)
 
 
 def _surveyed(step_fn: Callable[..., Any], args: tuple, rates: Rates | None) -> tuple[Survey, Rates]:
@@ -171,9 +169,13 @@ def _result(pool: list[PlanCandidate], none: PlanCandidate, surveyed: Survey, li
       limits: ``(budget, temp limit, device limit or None)``.
       step: ``(args, argnums)`` of the step planned.
       choosing: why the fitting candidates were not timed (None: they were, or were not
-        to be), and whether the per-region model's predictions rank them untimed.
+        to be), and whether the default search, with its per-region model, weighed them.
     """
-    (budget, limit, limit_bytes), (args, argnums), (untimed, by_model) = limits, step, choosing
+    (budget, limit, limit_bytes), (args, argnums), (untimed, default_search) = limits, step, choosing
+    lengths = stack_lengths(surveyed.jaxpr)
+    # XLA's cost analysis counts a loop body once: where regions run in a scan, the
+    # per-region model, which prices every trip, ranks what is chosen untimed
+    by_model = default_search and any(where != "" for where in lengths)
     contending = [c for c in pool if c.contends]
     chosen = _choose(contending, measured=any(c.measured_ms is not None for c in contending), by_model=by_model)
     compiled = [c for c in pool if c.temp_bytes is not None]
@@ -187,7 +189,7 @@ def _result(pool: list[PlanCandidate], none: PlanCandidate, surveyed: Survey, li
                 footprint=on_device, region_paths=tuple(surveyed.paths), not_offloaded=offload_note(surveyed.names),
                 foreign_regions=surveyed.foreign,
                 # a remat.scan_layers stack's own checkpoints are no regions to name
-                not_split=None if surveyed.scan_depths else split_note(stack_lengths(surveyed.jaxpr)),
+                not_split=None if surveyed.scan_depths else split_note(lengths),
                 not_timed=untimed)
 
 
